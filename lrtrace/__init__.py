@@ -1,0 +1,1 @@
+"""LRTrace: robot task traces, execution-time models and programmable workloads (paper 000 §6)."""

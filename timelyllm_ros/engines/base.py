@@ -1,0 +1,87 @@
+"""The inference-engine interface the scheduler drives (one step = one model iteration).
+
+Call order, per scheduler tick: the scheduler asks :meth:`Engine.can_run` /
+:meth:`Engine.run_cost_s` for candidates, calls :meth:`Engine.run` for the admitted ones, then
+:meth:`Engine.step` once; generations it cuts at a segment boundary are :meth:`Engine.pause`\\ d
+(KV cache and token ids kept), finished or cancelled ones :meth:`Engine.release`\\ d.
+Engines do not know about time utility, segments or robots.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal['eos', 'length']
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One generation as the engine sees it."""
+
+    request_id: str
+    prompt: str                                # full prompt text (real engines tokenize it)
+    prompt_tokens: int                         # prompt length in tokens
+    max_tokens: int                            # generation token limit
+    script: tuple[str, ...] | None = None      # simulated engines emit these pieces, then EOS
+    prefix_id: str | None = None               # name of the prompt prefix shared by a robot kind
+    prefix_tokens: int = 0                     # its length: cacheable across requests
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one engine iteration produced."""
+
+    duration_s: float                                          # time the iteration took (s)
+    tokens: dict[str, str] = field(default_factory=dict)       # request id -> new text piece
+    finished: dict[str, FinishReason] = field(default_factory=dict)  # request id -> why it ended
+    preempted: tuple[str, ...] = ()                            # lost their KV: must be re-run
+    prefill_tokens: int = 0                                    # tokens prefilled this step
+    batch_size: int = 0                                        # generations in the iteration
+
+
+class Engine(ABC):
+    """A continuous-batching engine that can pause a generation and resume it later."""
+
+    @abstractmethod
+    def register(self, request: EngineRequest) -> None:
+        """Make a request known (no memory is used until :meth:`run`)."""
+
+    @abstractmethod
+    def can_run(self, request_id: str) -> bool:
+        """Whether KV memory allows adding this generation to the running batch now."""
+
+    @abstractmethod
+    def run_cost_s(self, request_id: str) -> float:
+        """Extra time the next iteration takes if this generation joins (prefill, swap-in)."""
+
+    @abstractmethod
+    def run(self, request_id: str) -> None:
+        """Add a registered or paused generation to the running batch."""
+
+    @abstractmethod
+    def pause(self, request_id: str) -> None:
+        """Take a generation out of the batch, keeping its token ids and (if possible) KV."""
+
+    @abstractmethod
+    def release(self, request_id: str) -> None:
+        """Forget a generation and free all its memory."""
+
+    @abstractmethod
+    def step(self) -> StepResult:
+        """Run one iteration over the running batch."""
+
+    @abstractmethod
+    def decode_step_s(self, batch_size: int) -> float:
+        """Estimated time of one decode iteration with ``batch_size`` generations."""
+
+    @property
+    @abstractmethod
+    def running(self) -> tuple[str, ...]:
+        """Ids of the generations in the running batch."""
+
+    @property
+    @abstractmethod
+    def max_num_seqs(self) -> int:
+        """Largest batch the engine accepts."""

@@ -1,0 +1,107 @@
+"""Calibration data of a (model, GPU) pair: the latency model the simulated engine runs on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from timelyllm_ros.errors import EngineError
+
+CALIBRATION_DIR = Path(__file__).resolve().parent.parent / 'data' / 'calibration'
+DEFAULT_CALIBRATION = 'llama3-8b-fp16_rtx4090'
+
+
+class _Curve(BaseModel):
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+
+class PrefillCurve(_Curve):
+    tokens: list[int] = Field(min_length=2)
+    ms: list[float] = Field(min_length=2)
+
+    @model_validator(mode='after')
+    def _shape(self) -> PrefillCurve:
+        if len(self.tokens) != len(self.ms) or sorted(self.tokens) != self.tokens:
+            raise ValueError('tokens must be increasing and as long as ms')
+        return self
+
+
+class DecodeCurve(_Curve):
+    reference_context_tokens: int = Field(ge=0)
+    batch: list[int] = Field(min_length=1)
+    ms: list[float] = Field(min_length=1)
+
+    @model_validator(mode='after')
+    def _shape(self) -> DecodeCurve:
+        if len(self.batch) != len(self.ms) or sorted(self.batch) != self.batch:
+            raise ValueError('batch must be increasing and as long as ms')
+        return self
+
+
+class Calibration(BaseModel):
+    """Prefill and decode latency, KV capacity and swap bandwidth of one deployment."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    model: str
+    gpu: str
+    source: str
+    prefill_ms: PrefillCurve
+    decode_ms: DecodeCurve
+    decode_ms_per_context_token: float = Field(ge=0)
+    kv_bytes_per_token: int = Field(gt=0)
+    gpu_kv_tokens: int = Field(gt=0)
+    host_kv_tokens: int = Field(ge=0)
+    block_size: int = Field(gt=0)
+    swap_in_ms_per_token: float = Field(ge=0)
+    max_num_seqs: int = Field(gt=0)
+
+    def prefill_s(self, tokens: int) -> float:
+        """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""
+        if tokens <= 0:
+            return 0.0
+        xs, ys = self.prefill_ms.tokens, self.prefill_ms.ms
+        if tokens >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return (ys[-1] + slope * (tokens - xs[-1])) / 1000.0
+        return float(np.interp(tokens, xs, ys)) / 1000.0
+
+    def decode_s(self, batch: int, context_tokens: int) -> float:
+        """One decode iteration of ``batch`` sequences holding ``context_tokens`` in total."""
+        if batch <= 0:
+            return 0.0
+        xs, ys = self.decode_ms.batch, self.decode_ms.ms
+        if batch >= xs[-1] and len(xs) > 1:
+            base = ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (batch - xs[-1])
+        else:
+            base = float(np.interp(batch, xs, ys))
+        extra = context_tokens - batch * self.decode_ms.reference_context_tokens
+        return (base + self.decode_ms_per_context_token * extra) / 1000.0
+
+    def swap_in_s(self, tokens: int) -> float:
+        return tokens * self.swap_in_ms_per_token / 1000.0
+
+
+def load_calibration(name_or_path: str | Path = DEFAULT_CALIBRATION) -> Calibration:
+    """Load a bundled calibration by name or any calibration YAML by path.
+
+    Raises:
+        EngineError: the file is missing or invalid (the message names file and field).
+    """
+    candidate = Path(name_or_path)
+    path = candidate if candidate.suffix in ('.yaml', '.yml') else (
+        CALIBRATION_DIR / f'{candidate}.yaml')
+    if not path.exists():
+        known = ', '.join(sorted(p.stem for p in CALIBRATION_DIR.glob('*.yaml')))
+        raise EngineError(f'no calibration {str(name_or_path)!r} ({path}); bundled: {known}')
+    try:
+        return Calibration.model_validate(yaml.safe_load(path.read_text(encoding='utf-8')))
+    except yaml.YAMLError as err:
+        raise EngineError(f'{path}: not valid YAML: {err}') from None
+    except ValidationError as err:
+        problems = '; '.join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
+        raise EngineError(f'{path}: invalid calibration: {problems}') from None

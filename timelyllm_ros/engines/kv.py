@@ -1,0 +1,133 @@
+"""KV-cache memory accounting in blocks: GPU pool, host swap pool, eviction of paused contexts.
+
+Mirrors vLLM's block manager closely enough for scheduling: a context occupies
+``ceil(tokens / block_size)`` blocks; paused contexts stay on the GPU until space is needed,
+are then swapped to host memory (cheap to bring back) and, when host memory is full too,
+dropped (the generation must re-prefill its prompt and generated tokens on resume).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+Location = Literal['none', 'gpu', 'host']
+
+
+@dataclass(slots=True)
+class _Context:
+    tokens: int
+    location: Location = 'none'
+
+
+class KvCacheManager:
+    """Owns GPU and host KV blocks of every generation."""
+
+    def __init__(self, gpu_blocks: int, host_blocks: int, block_size: int) -> None:
+        if gpu_blocks <= 0 or block_size <= 0 or host_blocks < 0:
+            raise ValueError('KV capacity and block size must be positive')
+        self.gpu_blocks = gpu_blocks
+        self.host_blocks = host_blocks
+        self.block_size = block_size
+        self._contexts: dict[str, _Context] = {}
+        self._paused_on_gpu: OrderedDict[str, None] = OrderedDict()  # least recently paused first
+        self._gpu_used = 0
+        self._host_used = 0
+        self.swaps_out = 0
+        self.drops = 0
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def add(self, request_id: str, tokens: int) -> None:
+        self._contexts[request_id] = _Context(tokens)
+
+    def location(self, request_id: str) -> Location:
+        return self._contexts[request_id].location
+
+    def tokens(self, request_id: str) -> int:
+        return self._contexts[request_id].tokens
+
+    @property
+    def gpu_free(self) -> int:
+        return self.gpu_blocks - self._gpu_used
+
+    def _evictable(self) -> int:
+        return sum(self.blocks(self._contexts[r].tokens) for r in self._paused_on_gpu)
+
+    def can_place(self, request_id: str, lookahead_tokens: int) -> bool:
+        """Whether the context plus ``lookahead_tokens`` fits on the GPU (evicting paused ones)."""
+        context = self._contexts[request_id]
+        needed = self.blocks(context.tokens + lookahead_tokens)
+        if context.location == 'gpu':
+            needed -= self.blocks(context.tokens)
+            own_evictable = self.blocks(context.tokens) if request_id in self._paused_on_gpu else 0
+        else:
+            own_evictable = 0
+        return needed <= self.gpu_free + self._evictable() - own_evictable
+
+    def place(self, request_id: str, lookahead_tokens: int) -> Location:
+        """Bring a context onto the GPU for running; return where it was before."""
+        context = self._contexts[request_id]
+        before = context.location
+        self._paused_on_gpu.pop(request_id, None)
+        needed = self.blocks(context.tokens + lookahead_tokens)
+        if before == 'gpu':
+            needed -= self.blocks(context.tokens)
+        self._make_room(needed)
+        if before == 'host':
+            self._host_used -= self.blocks(context.tokens)
+        if before != 'gpu':
+            self._gpu_used += self.blocks(context.tokens)
+        context.location = 'gpu'
+        return before
+
+    def grow(self, request_id: str, new_tokens: int = 1) -> bool:
+        """Account for generated tokens; False when the GPU is out of blocks."""
+        context = self._contexts[request_id]
+        extra = self.blocks(context.tokens + new_tokens) - self.blocks(context.tokens)
+        if extra > self.gpu_free:
+            self._make_room(extra)
+        if extra > self.gpu_free:
+            return False
+        self._gpu_used += extra
+        context.tokens += new_tokens
+        return True
+
+    def pause(self, request_id: str) -> None:
+        if self._contexts[request_id].location == 'gpu':
+            self._paused_on_gpu[request_id] = None
+
+    def drop(self, request_id: str) -> None:
+        """Free a context's memory but remember its length (it will be re-prefilled)."""
+        context = self._contexts[request_id]
+        self._free(request_id, context)
+        context.location = 'none'
+
+    def remove(self, request_id: str) -> None:
+        context = self._contexts.pop(request_id, None)
+        if context is not None:
+            self._free(request_id, context)
+
+    def _free(self, request_id: str, context: _Context) -> None:
+        self._paused_on_gpu.pop(request_id, None)
+        if context.location == 'gpu':
+            self._gpu_used -= self.blocks(context.tokens)
+        elif context.location == 'host':
+            self._host_used -= self.blocks(context.tokens)
+
+    def _make_room(self, needed: int) -> None:
+        while needed > self.gpu_free and self._paused_on_gpu:
+            victim, _ = self._paused_on_gpu.popitem(last=False)
+            context = self._contexts[victim]
+            size = self.blocks(context.tokens)
+            self._gpu_used -= size
+            if self._host_used + size <= self.host_blocks:
+                self._host_used += size
+                context.location = 'host'
+                self.swaps_out += 1
+            else:
+                context.location = 'none'
+                self.drops += 1
+        assert 0 <= self._gpu_used <= self.gpu_blocks + needed

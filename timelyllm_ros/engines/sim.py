@@ -1,0 +1,208 @@
+"""Calibrated discrete-event simulation of a continuous-batching engine (the embedded default).
+
+Each :meth:`SimulatedEngine.step` is one model iteration whose duration comes from the
+calibration's latency model. As in vLLM 0.5 (no chunked prefill), an iteration either
+prefills the newly admitted generations (stalling the decode of the others) or decodes one
+token for every running generation. The text is replayed from the request's ``script``
+(token pieces of a recorded trace), followed by EOS.
+
+With prefix caching on (as in the authors' vLLM setup), the prompt prefix that is fixed per
+robot kind (skills, guidance, examples) is prefilled once and then shared: later requests of
+that kind prefill only their task line, and the prefix's KV blocks are counted once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, StepResult
+from timelyllm_ros.engines.calibration import Calibration, load_calibration
+from timelyllm_ros.engines.kv import KvCacheManager
+from timelyllm_ros.errors import EngineError
+
+
+@dataclass(slots=True)
+class _Generation:
+    request: EngineRequest
+    emitted: int = 0            # output tokens produced so far (EOS excluded)
+    prefill_tokens: int = 0     # tokens to (re)compute before the next token
+    swap_in_tokens: int = 0     # tokens to bring back from host memory
+
+
+class SimulatedEngine(Engine):
+    """A latency-model engine; deterministic for a given sequence of calls."""
+
+    def __init__(
+        self,
+        calibration: Calibration | None = None,
+        lookahead_tokens: int = 16,
+        max_num_seqs: int | None = None,
+        fail_at_step: int | None = None,
+        prefix_caching: bool = True,
+    ) -> None:
+        """Args:
+            calibration: latency model; the bundled Llama3-8B / RTX 4090 one by default.
+            lookahead_tokens: KV headroom reserved when a generation joins the batch.
+            max_num_seqs: batch cap (default: the calibration's).
+            fail_at_step: raise :class:`EngineError` at this iteration (failure injection).
+            prefix_caching: share the KV of prompt prefixes across requests.
+        """
+        self.calibration = calibration or load_calibration()
+        cal = self.calibration
+        self.kv = KvCacheManager(
+            gpu_blocks=cal.gpu_kv_tokens // cal.block_size,
+            host_blocks=cal.host_kv_tokens // cal.block_size,
+            block_size=cal.block_size,
+        )
+        self.lookahead_tokens = lookahead_tokens
+        self._max_num_seqs = max_num_seqs or cal.max_num_seqs
+        self._fail_at_step = fail_at_step
+        self._generations: dict[str, _Generation] = {}
+        self._running: dict[str, None] = {}
+        self.prefix_caching = prefix_caching
+        self._cached_prefixes: set[str] = set()
+        self.prefix_hits = 0
+        self.prefix_misses = 0
+        self.steps = 0
+        self.busy_s = 0.0
+
+    # -- Engine interface ------------------------------------------------------------------
+    def register(self, request: EngineRequest) -> None:
+        if request.request_id in self._generations:
+            raise EngineError(f'request {request.request_id!r} is already registered')
+        if not 0 <= request.prefix_tokens <= request.prompt_tokens:
+            raise EngineError(f'request {request.request_id!r}: prefix_tokens must be within '
+                              f'[0, prompt_tokens]')
+        self._generations[request.request_id] = _Generation(request)
+        self.kv.add(request.request_id, request.prompt_tokens - self._shared_tokens(request))
+
+    def can_run(self, request_id: str) -> bool:
+        if request_id in self._running:
+            return True
+        if len(self._running) >= self._max_num_seqs:
+            return False
+        return self.kv.can_place(request_id, self.lookahead_tokens)
+
+    def _shared_tokens(self, request: EngineRequest) -> int:
+        return request.prefix_tokens if self.prefix_caching and request.prefix_id else 0
+
+    def _prefill_tokens(self, request_id: str) -> int:
+        """Tokens to compute to (re)build a dropped context: all but a cached prefix."""
+        request = self._generations[request_id].request
+        tokens = self.kv.tokens(request_id)
+        if self._shared_tokens(request) and request.prefix_id not in self._cached_prefixes:
+            tokens += request.prefix_tokens
+        return tokens
+
+    def run_cost_s(self, request_id: str) -> float:
+        location = self.kv.location(request_id)
+        tokens = self.kv.tokens(request_id)
+        if location == 'none':
+            return self.calibration.prefill_s(self._prefill_tokens(request_id))
+        if location == 'host':
+            return self.calibration.swap_in_s(tokens)
+        return 0.0
+
+    def run(self, request_id: str) -> None:
+        generation = self._get(request_id)
+        if request_id in self._running:
+            return
+        if not self.can_run(request_id):
+            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
+        before = self.kv.place(request_id, self.lookahead_tokens)
+        tokens = self.kv.tokens(request_id)
+        if before == 'none':
+            generation.prefill_tokens = self._prefill_tokens(request_id)
+            request = generation.request
+            if self._shared_tokens(request):
+                hit = request.prefix_id in self._cached_prefixes
+                self.prefix_hits += hit
+                self.prefix_misses += not hit
+                self._cached_prefixes.add(request.prefix_id)  # type: ignore[arg-type]
+        elif before == 'host':
+            generation.swap_in_tokens = tokens
+        self._running[request_id] = None
+
+    def pause(self, request_id: str) -> None:
+        self._get(request_id)
+        self._running.pop(request_id, None)
+        self.kv.pause(request_id)
+
+    def release(self, request_id: str) -> None:
+        self._running.pop(request_id, None)
+        self._generations.pop(request_id, None)
+        self.kv.remove(request_id)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        if not self._running:
+            context = batch_size * self.calibration.decode_ms.reference_context_tokens
+        else:
+            mean = sum(self.kv.tokens(r) for r in self._running) / len(self._running)
+            context = int(batch_size * mean)
+        return self.calibration.decode_s(batch_size, context)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(self._running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._max_num_seqs
+
+    def step(self) -> StepResult:
+        self.steps += 1
+        if self._fail_at_step is not None and self.steps == self._fail_at_step:
+            raise EngineError(f'simulated engine failure at iteration {self.steps}')
+        if not self._running:
+            return StepResult(duration_s=0.0)
+        cal = self.calibration
+        prefilling = [r for r in self._running
+                      if self._generations[r].prefill_tokens or self._generations[r].swap_in_tokens]
+        if prefilling:
+            new_tokens = sum(self._generations[r].prefill_tokens for r in prefilling)
+            swapped = sum(self._generations[r].swap_in_tokens for r in prefilling)
+            duration = cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
+            producing = [r for r in prefilling if self._generations[r].prefill_tokens]
+            for r in prefilling:
+                self._generations[r].prefill_tokens = 0
+                self._generations[r].swap_in_tokens = 0
+        else:
+            new_tokens = 0
+            producing = list(self._running)
+            context = sum(self.kv.tokens(r) for r in producing)
+            duration = cal.decode_s(len(producing), context)
+        tokens: dict[str, str] = {}
+        finished: dict[str, FinishReason] = {}
+        preempted: list[str] = []
+        batch_size = len(self._running)
+        for request_id in producing:
+            generation = self._generations[request_id]
+            request = generation.request
+            script = request.script or ()
+            if generation.emitted >= len(script):
+                finished[request_id] = 'eos'
+                continue
+            if not self.kv.grow(request_id):
+                preempted.append(request_id)
+                continue
+            tokens[request_id] = script[generation.emitted]
+            generation.emitted += 1
+            if generation.emitted >= request.max_tokens:
+                finished[request_id] = 'length'
+        for request_id in preempted:
+            # Out of KV blocks even after evicting paused contexts: recompute later (vLLM).
+            self._running.pop(request_id, None)
+            self.kv.drop(request_id)
+        for request_id in finished:
+            self._running.pop(request_id, None)
+        self.busy_s += duration
+        return StepResult(
+            duration_s=duration, tokens=tokens, finished=finished, preempted=tuple(preempted),
+            prefill_tokens=new_tokens, batch_size=batch_size,
+        )
+
+    def _get(self, request_id: str) -> _Generation:
+        try:
+            return self._generations[request_id]
+        except KeyError:
+            raise EngineError(f'unknown request {request_id!r}') from None

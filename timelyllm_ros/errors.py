@@ -1,0 +1,43 @@
+"""Error types of timelyllm_ros: one base class, one subclass per concern."""
+
+from __future__ import annotations
+
+
+class TimelyError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ProfileError(TimelyError):
+    """A robot profile file is missing, malformed or inconsistent."""
+
+
+class GoalError(TimelyError):
+    """A plan request is invalid (empty task, unknown robot kind, duplicate id, ...)."""
+
+
+class TufError(GoalError):
+    """A time-utility function has invalid parameters."""
+
+
+class SegmentationError(TimelyError):
+    """Generated text could not be segmented (e.g. no executable skill at all)."""
+
+
+class PolicyError(TimelyError):
+    """An unknown or misconfigured scheduling policy."""
+
+
+class EngineError(TimelyError):
+    """An inference engine failed or was misconfigured (calibration, capacity)."""
+
+
+class WorkloadError(TimelyError):
+    """A workload or trace set is malformed or refers to unknown traces or robots."""
+
+
+class TraceFormatError(TimelyError):
+    """An LRTrace file does not follow the expected format."""
+
+
+class RobotError(TimelyError):
+    """A robot backend refused or failed to execute a skill."""

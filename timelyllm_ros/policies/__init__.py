@@ -1,0 +1,60 @@
+"""Scheduling policies, chosen by name (or ``'package.module:Class'`` for an external one)."""
+
+from __future__ import annotations
+
+import importlib
+
+from timelyllm_ros.errors import PolicyError
+from timelyllm_ros.policies.base import Policy
+from timelyllm_ros.policies.baselines import (
+    SegmentedEdfPolicy,
+    SegmentedFcfsPolicy,
+    VllmPolicy,
+    VllmStreamPolicy,
+)
+from timelyllm_ros.policies.timelyllm import TimelyLlmArtifactPolicy, TimelyLlmPolicy
+
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls
+    for cls in (VllmPolicy, VllmStreamPolicy, SegmentedFcfsPolicy, SegmentedEdfPolicy,
+                TimelyLlmPolicy, TimelyLlmArtifactPolicy)
+}
+PAPER_POLICIES = ('vllm', 'vllm-stream', 'seg-fcfs', 'seg-edf', 'timelyllm')
+
+
+def create_policy(name: str) -> Policy:
+    """Instantiate a built-in policy by name, or an external one given as ``'pkg.mod:Class'``.
+
+    Raises:
+        PolicyError: unknown name, or the external class cannot be loaded or is no Policy.
+    """
+    if name in POLICIES:
+        return POLICIES[name]()
+    if ':' in name:
+        module_name, _, class_name = name.partition(':')
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as err:
+            raise PolicyError(f'cannot load policy {name!r}: {err}') from None
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise PolicyError(f'{name!r} is not a Policy subclass')
+        return cls()
+    raise PolicyError(f'unknown policy {name!r}; available: {", ".join(POLICIES)}')
+
+
+def resolve_policy_names(spec: str) -> list[str]:
+    """Expand ``'all'`` / ``'paper'`` / a comma-separated list into policy names."""
+    if spec == 'all':
+        return list(POLICIES)
+    if spec == 'paper':
+        return list(PAPER_POLICIES)
+    names = [n.strip() for n in spec.split(',') if n.strip()]
+    if not names:
+        raise PolicyError('no policy given')
+    for n in names:
+        if n not in POLICIES and ':' not in n:
+            raise PolicyError(f'unknown policy {n!r}; available: {", ".join(POLICIES)}')
+    return names
+
+
+__all__ = ['PAPER_POLICIES', 'POLICIES', 'Policy', 'create_policy', 'resolve_policy_names']

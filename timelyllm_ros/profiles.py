@@ -1,0 +1,263 @@
+"""Robot profiles: the skill language, execution-time models and fixed prompt of one robot kind.
+
+A profile is a YAML file in ``robot_profiles/`` validated with pydantic. It holds everything
+that is fixed per robot kind (paper 000 §4.1: "users pre-store the fixed components of requests
+like robot skill sets, guidance for plan generation, and case examples on the server"): the
+skills with their typed arguments and statement pattern, each skill's execution-time model, the
+segmentation rule, the per-segment generation time G and the segment length bound used by the
+latency-guided batching.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from timelyllm_ros.errors import ProfileError
+from timelyllm_ros.exec_time import ExecTimeModel
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / 'robot_profiles'
+"""Bundled profiles (source checkout and editable install)."""
+
+_ARG_PATTERNS = {
+    'int': r'[+-]?\d+',
+    'float': r'[+-]?(?:\d+\.?\d*|\.\d+)',
+    'str': r"'[^']*'|\"[^\"]*\"|[A-Za-z_][\w ]*",
+}
+
+
+class SkillArg(BaseModel):
+    """One typed argument of a skill, with the robot's limits."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    name: str = Field(pattern=r'^[A-Za-z_]\w*$')
+    type: Literal['int', 'float', 'str']
+    min: float | None = None
+    max: float | None = None
+    unit: str = ''
+
+    @model_validator(mode='after')
+    def _limits(self) -> SkillArg:
+        if self.type == 'str' and (self.min is not None or self.max is not None):
+            raise ValueError('string arguments take no min/max')
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f'min {self.min} > max {self.max}')
+        return self
+
+    def parse(self, literal: str) -> int | float | str:
+        """Convert one argument literal to its value; raise ``ValueError`` when it does not fit."""
+        text = literal.strip()
+        if self.type == 'str':
+            if len(text) >= 2 and text[0] == text[-1] and text[0] in '\'"':
+                return text[1:-1]
+            if re.fullmatch(r'[A-Za-z_][\w ]*', text):
+                return text
+            raise ValueError(f'{self.name}: {text!r} is not a string')
+        try:
+            value: int | float = int(text) if self.type == 'int' else float(text)
+        except ValueError:
+            raise ValueError(f'{self.name}: {text!r} is not {self.type}') from None
+        if self.min is not None and value < self.min:
+            raise ValueError(f'{self.name}={value} below the minimum {self.min:g} {self.unit}')
+        if self.max is not None and value > self.max:
+            raise ValueError(f'{self.name}={value} above the maximum {self.max:g} {self.unit}')
+        return value
+
+
+class Skill(BaseModel):
+    """One executable skill: ``short(arg, ...)`` in plans, with its execution-time model."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    name: str = Field(pattern=r'^[A-Za-z_]\w*$')
+    short: str = Field(pattern=r'^[A-Za-z_]\w*$')
+    description: str = ''
+    aliases: list[str] = Field(
+        default_factory=list, description='Other names recorded workloads use for this skill.'
+    )
+    args: list[SkillArg] = Field(default_factory=list)
+    pattern: str | None = Field(
+        default=None,
+        description='Regex that fully matches one complete call; derived from args if omitted.',
+    )
+    exec_time: ExecTimeModel
+
+    @model_validator(mode='after')
+    def _pattern_compiles(self) -> Skill:
+        try:
+            re.compile(self.statement_pattern)
+        except re.error as err:
+            raise ValueError(f'pattern does not compile: {err}') from None
+        return self
+
+    @property
+    def statement_pattern(self) -> str:
+        """The regex recognising one complete call of this skill."""
+        if self.pattern is not None:
+            return self.pattern
+        arg_res = [rf'\s*(?:{_ARG_PATTERNS[a.type]})\s*' for a in self.args]
+        inner = ','.join(arg_res) if arg_res else r'\s*'
+        return rf'{re.escape(self.short)}\({inner}\)'
+
+    @cached_property
+    def compiled(self) -> re.Pattern[str]:
+        return re.compile(self.statement_pattern)
+
+    def usage(self) -> str:
+        """The one-line signature shown in prompts, e.g. ``mf(distance:int cm)``."""
+        args = ', '.join(f'{a.name}:{a.type}{" " + a.unit if a.unit else ""}' for a in self.args)
+        return f'{self.short}({args})'
+
+
+class PromptParts(BaseModel):
+    """The fixed parts of a planning prompt for one robot kind."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    system: str
+    guidance: str = ''
+    examples: list[dict[str, str]] = Field(default_factory=list)
+
+
+class RobotProfile(BaseModel):
+    """A robot kind: language, segmentation rule, timing parameters and prompt."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    name: str = Field(pattern=r'^[a-z][a-z0-9_]*$')
+    kind: Literal['drone', 'arm', 'chatbot']
+    description: str = ''
+    segmentation: Literal['skills', 'sentence', 'paragraph'] = 'skills'
+    segment_generation_s: float = Field(gt=0, description='G: mean generation time per segment.')
+    max_segment_tokens: int = Field(gt=0, description='Segment length bound for batching.')
+    max_tokens: int = Field(gt=0, description='Token limit of one whole generation.')
+    words_per_minute: float | None = Field(
+        default=None, gt=0, description='Reading speed that times chatbot segments.'
+    )
+    exec_time_provenance: str = Field(
+        min_length=1, description='Says which figures were measured and which are derived.'
+    )
+    skills: list[Skill] = Field(default_factory=list)
+    prompt: PromptParts
+
+    @model_validator(mode='after')
+    def _consistent(self) -> RobotProfile:
+        if self.segmentation == 'skills' and not self.skills:
+            raise ValueError('a skills-segmented profile needs at least one skill')
+        if self.segmentation != 'skills' and self.words_per_minute is None:
+            raise ValueError('a text-segmented profile needs words_per_minute')
+        seen: dict[str, str] = {}
+        for skill in self.skills:
+            for key in (skill.name, skill.short, *skill.aliases):
+                if seen.get(key, skill.name) != skill.name:
+                    raise ValueError(f'skill key {key!r} used by {seen[key]} and {skill.name}')
+                seen[key] = skill.name
+        return self
+
+    @cached_property
+    def skill_index(self) -> dict[str, Skill]:
+        """Every skill by name, short form and alias."""
+        index: dict[str, Skill] = {}
+        for skill in self.skills:
+            for key in (skill.name, skill.short, *skill.aliases):
+                index[key] = skill
+        return index
+
+    def skill(self, key: str) -> Skill:
+        """Look a skill up by name, short form or alias (recorded workloads write ``s(``)."""
+        found = self.skill_index.get(key) or self.skill_index.get(key.rstrip('('))
+        if found is None:
+            raise ProfileError(f'{self.name}: unknown skill {key!r}')
+        return found
+
+    def reading_time_s(self, text: str) -> float:
+        """Time a person needs to read ``text`` (chatbot execution)."""
+        assert self.words_per_minute is not None
+        return len(text.split()) * 60.0 / self.words_per_minute
+
+    def build_prompt(self, task: str) -> str:
+        """The full planning prompt: fixed parts from the profile plus the task line."""
+        return f'{self.prompt_prefix}\n\nTask: {task}\nPlan:'
+
+    @cached_property
+    def prompt_prefix(self) -> str:
+        """The fixed part of every prompt of this robot kind (cacheable by the engine)."""
+        parts = [self.prompt.system.strip()]
+        if self.skills:
+            lines = [f'- {s.usage()}: {s.name}. {s.description}'.rstrip() for s in self.skills]
+            parts.append('Skills:\n' + '\n'.join(lines))
+        if self.prompt.guidance:
+            parts.append(self.prompt.guidance.strip())
+        for example in self.prompt.examples:
+            parts.append(f"Task: {example['task']}\nPlan: {example['plan']}")
+        return '\n\n'.join(parts)
+
+
+def _format_location(loc: tuple[int | str, ...], data: object) -> str:
+    """Name a validation error's field the way the YAML file spells it (skills[3].exec_time)."""
+    out = ''
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            name = node[part].get('name') if isinstance(node, list) and isinstance(
+                node[part], dict) else None
+            out += f'[{part}]' + (f'({name})' if name else '')
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+        else:
+            out += f'.{part}' if out else str(part)
+            node = node.get(part) if isinstance(node, dict) else None
+    return out
+
+
+def load_profile_file(path: str | Path) -> RobotProfile:
+    """Load and validate one profile YAML file.
+
+    Raises:
+        ProfileError: naming the file and the offending field.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding='utf-8'))
+    except OSError as err:
+        raise ProfileError(f'{path}: cannot read profile: {err.strerror}') from None
+    except yaml.YAMLError as err:
+        raise ProfileError(f'{path}: not valid YAML: {err}') from None
+    if not isinstance(data, dict):
+        raise ProfileError(f'{path}: a profile must be a mapping, got {type(data).__name__}')
+    try:
+        return RobotProfile.model_validate(data)
+    except ValidationError as err:
+        problems = '; '.join(
+            f"{_format_location(e['loc'], data) or '<root>'}: {e['msg']}" for e in err.errors()
+        )
+        raise ProfileError(f'{path}: invalid profile: {problems}') from None
+
+
+_CACHE: dict[tuple[str, str], RobotProfile] = {}
+
+
+def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> RobotProfile:
+    """Load a bundled profile by name (``tello``) or any profile file by path (cached)."""
+    directory = Path(profiles_dir) if profiles_dir is not None else PROFILES_DIR
+    candidate = Path(name_or_path)
+    path = candidate if candidate.suffix in ('.yaml', '.yml') else directory / f'{candidate}.yaml'
+    key = (str(path.resolve()), str(path.stat().st_mtime_ns) if path.exists() else '')
+    if key not in _CACHE:
+        if not path.exists():
+            available = sorted(p.stem for p in directory.glob('*.yaml'))
+            raise ProfileError(f'unknown robot profile {str(name_or_path)!r} '
+                               f'(no {path}); available: {", ".join(available)}')
+        _CACHE[key] = load_profile_file(path)
+    return _CACHE[key]
+
+
+def available_profiles(profiles_dir: str | Path | None = None) -> list[str]:
+    """Names of the profiles in a directory (default: the bundled ones)."""
+    directory = Path(profiles_dir) if profiles_dir is not None else PROFILES_DIR
+    return sorted(p.stem for p in directory.glob('*.yaml'))

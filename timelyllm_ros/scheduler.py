@@ -1,0 +1,352 @@
+"""The TimelyLLM scheduler loop (paper 000 §3–§4): one decision, one engine step, per tick.
+
+Each :meth:`Scheduler.tick`:
+
+1. refreshes the priority of every queued generation (initial and suspended) at the current
+   time and admits the best ones while the policy's admission test allows (:meth:`decide`);
+2. runs one engine iteration;
+3. feeds each new token piece to its generation's segmenter; when a segment is cut it is
+   dispatched to the robot (streaming policies) and the generation is suspended with its
+   token ids and KV kept (segmented policies), re-entering the queue with the time the robot
+   will need its next segment as priority input; when a generation ends, its last segment is
+   dispatched (or, for the ``vllm`` policy, the whole plan).
+
+Robots report each segment's real start/end through :meth:`Scheduler.report_segment`, which
+replaces the estimate of when the next segment is needed. The scheduler is clock-agnostic:
+the same loop runs on a :class:`~timelyllm_ros.clock.SimClock` (simulation) or a wall clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from timelyllm_ros.admission import AdmissionContext
+from timelyllm_ros.clock import Clock
+from timelyllm_ros.engines.base import Engine, EngineRequest, StepResult
+from timelyllm_ros.errors import EngineError, GoalError, ProfileError
+from timelyllm_ros.execution import estimate_min_s
+from timelyllm_ros.policies.base import Policy
+from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.queue import GenerationQueue
+from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
+from timelyllm_ros.segmenter import Cut, Segmenter, Statement
+
+logger = logging.getLogger(__name__)
+
+NO_SKILL_ERROR = 'no executable skill in the LLM output'
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Run-wide scheduling parameters."""
+
+    comm_s: float = 0.008            # one-way network latency to the robots (s), paper §7.2
+    max_batch: int | None = None     # fixed batch cap (Fig. 7); None = the engine's limit
+    step_smoothing: float = 0.5      # weight of the newest decode step in the speed estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A segment to send to its robot."""
+
+    task_id: str
+    robot_id: str
+    segment: Segment
+
+
+@dataclass(slots=True)
+class TickResult:
+    """What one tick did."""
+
+    duration_s: float = 0.0                                   # engine iteration time (s)
+    batch_size: int = 0                                       # generations in the iteration
+    dispatches: list[Dispatch] = field(default_factory=list)  # segments to send now
+    ended: list[Generation] = field(default_factory=list)     # reached a terminal status
+
+
+class Scheduler:
+    """Owns the queue and the generations; the engine owns tokens and KV memory."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        engine: Engine,
+        clock: Clock,
+        config: SchedulerConfig | None = None,
+        profiles: Callable[[str], RobotProfile] = load_profile,
+    ) -> None:
+        self.policy = policy
+        self.engine = engine
+        self.clock = clock
+        self.config = config or SchedulerConfig()
+        self._load_profile = profiles
+        self._profiles: dict[str, RobotProfile] = {}
+        self.queue = GenerationQueue()
+        self.generations: dict[str, Generation] = {}
+        self._segmenters: dict[str, Segmenter] = {}
+        self._running: dict[str, Generation] = {}
+        self._seq = 0
+        self.recent_step_s: float | None = None
+        self.ticks = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def submit(self, spec: TaskSpec) -> Generation:
+        """Queue a new plan request.
+
+        Raises:
+            GoalError: empty task, duplicate id, non-positive prompt length, unknown robot kind.
+        """
+        if not spec.task.strip():
+            raise GoalError(f'task {spec.task_id!r}: the task text is empty')
+        if spec.task_id in self.generations:
+            raise GoalError(f'task {spec.task_id!r} was already submitted')
+        if spec.prompt_tokens <= 0 or not 0 <= spec.task_tokens <= spec.prompt_tokens:
+            raise GoalError(f'task {spec.task_id!r}: need prompt_tokens > 0 and '
+                            f'0 <= task_tokens <= prompt_tokens')
+        try:
+            profile = self.profile(spec.profile)
+        except ProfileError as err:
+            raise GoalError(f'task {spec.task_id!r}: unknown robot kind: {err}') from None
+        generation = Generation(spec=spec, seq=self._seq, need_time=spec.arrival_time)
+        self._seq += 1
+        self.generations[spec.task_id] = generation
+        self._segmenters[spec.task_id] = Segmenter(profile)
+        self.engine.register(EngineRequest(
+            request_id=spec.task_id, prompt=profile.build_prompt(spec.task),
+            prompt_tokens=spec.prompt_tokens, max_tokens=profile.max_tokens, script=spec.script,
+            prefix_id=profile.name if spec.task_tokens else None,
+            prefix_tokens=spec.prompt_tokens - spec.task_tokens if spec.task_tokens else 0,
+        ))
+        self.queue.push(generation, profile.segment_generation_s)
+        return generation
+
+    def cancel(self, task_id: str, reason: str = 'cancelled by the client') -> Generation:
+        """Drop a task's generation and free its memory (goal cancel)."""
+        generation = self._get(task_id)
+        if not generation.status.terminal:
+            self._end(generation, TaskStatus.CANCELLED, reason)
+        return generation
+
+    def report_segment(self, task_id: str, index: int, start_time: float, end_time: float,
+                       success: bool = True, error: str = '') -> Generation:
+        """A robot reports a segment's real execution (SegmentDone).
+
+        Raises:
+            GoalError: unknown task or segment index.
+        """
+        generation = self._get(task_id)
+        if not 0 <= index < len(generation.segments):
+            raise GoalError(f'task {task_id!r} has no dispatched segment {index}')
+        segment = generation.segments[index]
+        segment.start_time, segment.end_time = start_time, end_time
+        segment.success, segment.error = success, error
+        if generation.status.terminal:
+            return generation
+        if not success:
+            self._end(generation, TaskStatus.FAILED, f'robot failed segment {index}: {error}')
+            return generation
+        if index == len(generation.segments) - 1 and generation.status < TaskStatus.GENERATED:
+            # The next segment is needed when this one really ended, not when we guessed.
+            generation.need_time = end_time
+            if task_id in self.queue:
+                self.queue.remove(task_id)
+                self.queue.push(generation, self._profile(generation).segment_generation_s)
+        self._maybe_finished(generation)
+        return generation
+
+    # -- the loop ---------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether anything is queued or generating."""
+        return bool(self.queue) or bool(self._running)
+
+    def decide(self) -> list[Generation]:
+        """Refresh priorities, then admit the best queued generations while allowed."""
+        admitted: list[Generation] = []
+        n = len(self.queue)
+        if n == 0:
+            return admitted
+        now = self.clock.now()
+        cap = min(self.config.max_batch or self.engine.max_num_seqs, self.engine.max_num_seqs)
+        if len(self._running) >= cap:
+            return admitted
+        view = self.queue.view(self.config.comm_s)
+        priorities = np.array(self.policy.priorities(view, now), dtype=float)
+        seq = view.seq
+        while n > 0 and len(self._running) < cap:
+            row = int(np.argmax(priorities[:n]))
+            ties = np.flatnonzero(priorities[:n] == priorities[row])
+            if len(ties) > 1:
+                row = int(ties[np.argmin(seq[ties])])
+            candidate = self.queue.at(row)
+            ctx = AdmissionContext(
+                now=now, comm_s=self.config.comm_s, engine=self.engine,
+                running=list(self._running.values()), max_batch=cap,
+                recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens)
+            if not self.policy.admit(candidate, ctx):
+                if not self._running and not self.engine.can_run(candidate.task_id):
+                    self._end(candidate, TaskStatus.FAILED,
+                              'the prompt does not fit in the engine KV memory')
+                    n -= 1
+                    priorities[row] = priorities[n]
+                    continue
+                break
+            self.queue.remove(candidate.task_id)
+            n -= 1
+            priorities[row] = priorities[n]   # the queue moved its last row into this one
+            self.engine.run(candidate.task_id)
+            candidate.status = TaskStatus.RUNNING
+            self._running[candidate.task_id] = candidate
+            admitted.append(candidate)
+        return admitted
+
+    def tick(self) -> TickResult:
+        """One decision and one engine iteration; returns what to send to robots."""
+        self.ticks += 1
+        out = TickResult()
+        self.decide()
+        if not self._running:
+            return out
+        try:
+            result = self.engine.step()
+        except EngineError as err:
+            for generation in list(self._running.values()):
+                self._end(generation, TaskStatus.FAILED, f'engine failure: {err}', out)
+            logger.error('engine step failed: %s', err)
+            return out
+        self.clock.elapse(result.duration_s)
+        out.duration_s, out.batch_size = result.duration_s, result.batch_size
+        self._note_speed(result)
+        now = self.clock.now()
+        for task_id, piece in result.tokens.items():
+            generation = self._running.get(task_id)
+            if generation is None:
+                continue
+            generation.tokens += 1
+            generation.segment_tokens += 1
+            cut = self._segmenters[task_id].feed(piece)
+            if cut is not None:
+                self._on_cut(generation, cut, now, out)
+        for task_id, reason in result.finished.items():
+            generation = self.generations.get(task_id)
+            if generation is not None and not generation.status.terminal:
+                self._on_finish(generation, reason, now, out)
+        for task_id in result.preempted:
+            generation = self._running.pop(task_id, None)
+            if generation is not None:
+                generation.preemptions += 1
+                generation.status = TaskStatus.WAITING if generation.k == 0 else (
+                    TaskStatus.SUSPENDED)
+                self.queue.push(generation, self._profile(generation).segment_generation_s)
+        return out
+
+    # -- segments ---------------------------------------------------------------------------
+    def _on_cut(self, generation: Generation, cut: Cut, now: float, out: TickResult) -> None:
+        generation.rejected.extend(s.error or '' for s in cut.rejected)
+        if self.policy.streaming:
+            self._dispatch(generation, cut.statements, cut.text, now, out, is_last=False)
+        else:
+            generation.held.extend(cut.statements)
+            generation.held_text += cut.text
+        if self.policy.segmented:
+            self.engine.pause(generation.task_id)
+            del self._running[generation.task_id]
+            generation.status = TaskStatus.SUSPENDED
+            generation.suspensions += 1
+            self.queue.push(generation, self._profile(generation).segment_generation_s)
+
+    def _on_finish(self, generation: Generation, reason: str, now: float,
+                   out: TickResult) -> None:
+        cut = self._segmenters[generation.task_id].finish('length' if reason == 'length' else
+                                                          'eos')
+        generation.rejected.extend(s.error or '' for s in cut.rejected)
+        generation.finish_reason = reason
+        statements = [*generation.held, *cut.statements]
+        if statements:
+            self._dispatch(generation, tuple(statements), generation.held_text + cut.text, now,
+                           out, is_last=True)
+        elif generation.segments:
+            generation.segments[-1].is_last = True
+        if not generation.segments:
+            detail = f" ({'; '.join(generation.rejected)})" if generation.rejected else ''
+            self._end(generation, TaskStatus.FAILED, NO_SKILL_ERROR + detail, out)
+            return
+        self._release(generation)
+        generation.status = TaskStatus.GENERATED
+        self._maybe_finished(generation, out)
+
+    def _dispatch(self, generation: Generation, statements: tuple[Statement, ...], text: str,
+                  now: float, out: TickResult, is_last: bool) -> None:
+        profile = self._profile(generation)
+        estimate = estimate_min_s(profile, statements)
+        index = len(generation.segments)
+        previous_end = generation.need_time if index > 0 else -math.inf
+        start_estimate = max(now + self.config.comm_s, previous_end)
+        segment = Segment(index=index, text=text, statements=statements, cut_time=now,
+                          dispatch_time=now, estimated_exec_s=estimate,
+                          tokens=generation.segment_tokens, is_last=is_last)
+        generation.segments.append(segment)
+        generation.need_time = start_estimate + estimate
+        generation.k = index + 1
+        generation.segment_tokens = 0
+        out.dispatches.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
+
+    # -- endings ----------------------------------------------------------------------------
+    def _maybe_finished(self, generation: Generation, out: TickResult | None = None) -> None:
+        if generation.status != TaskStatus.GENERATED:
+            return
+        if all(not math.isnan(s.end_time) for s in generation.segments):
+            generation.status = TaskStatus.FINISHED
+            generation.done_time = generation.segments[-1].end_time
+            if out is not None:
+                out.ended.append(generation)
+
+    def _end(self, generation: Generation, status: TaskStatus, error: str,
+             out: TickResult | None = None) -> None:
+        generation.status = status
+        generation.error = error
+        generation.done_time = self.clock.now()
+        self._release(generation)
+        if out is not None:
+            out.ended.append(generation)
+
+    def _release(self, generation: Generation) -> None:
+        task_id = generation.task_id
+        if task_id in self.queue:
+            self.queue.remove(task_id)
+        self._running.pop(task_id, None)
+        self.engine.release(task_id)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _note_speed(self, result: StepResult) -> None:
+        if result.prefill_tokens or not result.tokens:
+            return
+        weight = self.config.step_smoothing
+        if self.recent_step_s is None:
+            self.recent_step_s = result.duration_s
+        else:
+            self.recent_step_s = weight * result.duration_s + (1 - weight) * self.recent_step_s
+
+    def profile(self, name: str) -> RobotProfile:
+        """A robot profile by name, loaded once per scheduler."""
+        profile = self._profiles.get(name)
+        if profile is None:
+            profile = self._profiles[name] = self._load_profile(name)
+        return profile
+
+    def _profile(self, generation: Generation) -> RobotProfile:
+        return self.profile(generation.spec.profile)
+
+    def _max_segment_tokens(self, generation: Generation) -> int:
+        return self._profile(generation).max_segment_tokens
+
+    def _get(self, task_id: str) -> Generation:
+        try:
+            return self.generations[task_id]
+        except KeyError:
+            raise GoalError(f'unknown task {task_id!r}') from None
