@@ -139,7 +139,7 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
             count = int(rng.integers(1, spec.max_tpe + 1))
             chosen = [int(t) for t in rng.choice(spec.trace_ids, size=count)]
         agents = rng.choice(spec.agents, size=len(chosen), replace=False)
-        for trace_id, agent in zip(chosen, agents):
+        for trace_id, agent in zip(chosen, agents, strict=True):
             tasks.append(_task(len(tasks), trace_id, int(agent), now, traces))
         event += 1
     return tasks

@@ -50,12 +50,12 @@ def wcet_s(generation: Generation, extra_s: float, batch_size: int,
            ctx: AdmissionContext) -> float:
     """Worst-case time to finish the generation's current segment in a batch of the given size."""
     remaining = max(ctx.max_segment_tokens(generation) - generation.segment_tokens, 1)
-    current = max(len(ctx.running), 1)
-    model_now = ctx.engine.decode_step_s(current)
-    step = ctx.recent_step_s if ctx.recent_step_s is not None else model_now
-    if model_now > 0:
-        step *= ctx.engine.decode_step_s(batch_size) / model_now
-    return extra_s + remaining * step
+    model_next = ctx.engine.decode_step_s(batch_size)
+    if ctx.recent_step_s is None:
+        return extra_s + remaining * model_next
+    model_now = ctx.engine.decode_step_s(max(len(ctx.running), 1))
+    scale = model_next / model_now if model_now > 0 else 1.0
+    return extra_s + remaining * ctx.recent_step_s * scale
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:

@@ -14,7 +14,7 @@ segment is generated in time even when the robot is at its fastest (paper §4.3)
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -115,7 +115,7 @@ class SampledTime(_Model):
 
 
 ExecTimeModel = Annotated[
-    Union[ConstantTime, ParametricTime, SampledTime], Field(discriminator='kind')
+    ConstantTime | ParametricTime | SampledTime, Field(discriminator='kind')
 ]
 
 

@@ -29,9 +29,16 @@ def pud_priority(now: float, ref: np.ndarray, ert: np.ndarray, beta: np.ndarray,
                  alpha: np.ndarray, g: np.ndarray, comm_s: float) -> np.ndarray:
     """Eq. 4 with the slack L defined in the module docstring."""
     wait = waiting_time(now, ref, g, comm_s)
-    utility = np.minimum(beta, alpha * (wait - ert) + beta)
-    slack = np.maximum(ert - wait, 0.0) + g
-    return np.where(utility > 0.0, utility / (g * slack), utility)
+    utility = alpha * (wait - ert)
+    utility += beta
+    np.minimum(utility, beta, out=utility)
+    # L counts from the time the segment is needed (ref + ert), not from the clamped wait:
+    # a segment needed later has more slack (module docstring).
+    slack = ref + ert - (now + g + comm_s)
+    np.maximum(slack, 0.0, out=slack)
+    slack += g
+    slack *= g
+    return np.where(utility > 0.0, utility / slack, utility)
 
 
 def artifact_priority(now: float, ref: np.ndarray, ert: np.ndarray, beta: np.ndarray,

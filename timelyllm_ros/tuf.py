@@ -38,7 +38,8 @@ class Tuf:
         if self.ert_s < 0:
             raise TufError(f'TUF ERT must be >= 0 s, got {self.ert_s}')
         if self.alpha > 0:
-            raise TufError(f'TUF alpha (slope) must be <= 0 so utility never rises, got {self.alpha}')
+            raise TufError(f'TUF alpha (slope) must be <= 0 so utility never rises, '
+                           f'got {self.alpha}')
 
     @classmethod
     def from_zero_time(cls, beta: float, ert_s: float, zero_s: float) -> Tuf:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from pathlib import Path
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -63,26 +63,28 @@ class Calibration(BaseModel):
         """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""
         if tokens <= 0:
             return 0.0
-        xs, ys = self.prefill_ms.tokens, self.prefill_ms.ms
-        if tokens >= xs[-1]:
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return (ys[-1] + slope * (tokens - xs[-1])) / 1000.0
-        return float(np.interp(tokens, xs, ys)) / 1000.0
+        return _interp(tokens, self.prefill_ms.tokens, self.prefill_ms.ms) / 1000.0
 
     def decode_s(self, batch: int, context_tokens: int) -> float:
         """One decode iteration of ``batch`` sequences holding ``context_tokens`` in total."""
         if batch <= 0:
             return 0.0
-        xs, ys = self.decode_ms.batch, self.decode_ms.ms
-        if batch >= xs[-1] and len(xs) > 1:
-            base = ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (batch - xs[-1])
-        else:
-            base = float(np.interp(batch, xs, ys))
+        base = _interp(batch, self.decode_ms.batch, self.decode_ms.ms)
         extra = context_tokens - batch * self.decode_ms.reference_context_tokens
         return (base + self.decode_ms_per_context_token * extra) / 1000.0
 
     def swap_in_s(self, tokens: int) -> float:
         return tokens * self.swap_in_ms_per_token / 1000.0
+
+
+def _interp(x: float, xs: list[int], ys: list[float]) -> float:
+    """Piecewise-linear interpolation, extrapolating the end segments (scalar, no numpy:
+    this runs inside every scheduling decision)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = min(max(bisect_right(xs, x), 1), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def load_calibration(name_or_path: str | Path = DEFAULT_CALIBRATION) -> Calibration:

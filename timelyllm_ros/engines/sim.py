@@ -156,8 +156,9 @@ class SimulatedEngine(Engine):
         if not self._running:
             return StepResult(duration_s=0.0)
         cal = self.calibration
+        generations = self._generations
         prefilling = [r for r in self._running
-                      if self._generations[r].prefill_tokens or self._generations[r].swap_in_tokens]
+                      if generations[r].prefill_tokens or generations[r].swap_in_tokens]
         if prefilling:
             new_tokens = sum(self._generations[r].prefill_tokens for r in prefilling)
             swapped = sum(self._generations[r].swap_in_tokens for r in prefilling)
