@@ -30,6 +30,9 @@ CLASS_TUF = {'arm': 'normal'}
 """TUF class of task classes that are not TUF classes themselves (arm tasks are normal)."""
 
 
+_GROUP = re.compile(r'\s*(?:\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)|(\d+))\s*(,|$)')
+
+
 def parse_composition(text: str) -> list[list[int]]:
     """Parse ``"(1,2),8,9"`` into ``[[1, 2], [8], [9]]``.
 
@@ -37,17 +40,19 @@ def parse_composition(text: str) -> list[list[int]]:
         WorkloadError: anything but trace ids, commas and one level of parentheses.
     """
     groups: list[list[int]] = []
-    for match in re.finditer(r'\s*(?:\(([^()]*)\)|(\d+))\s*(?:,|$)', text):
+    position = 0
+    while position < len(text):
+        match = _GROUP.match(text, position)
+        if match is None or match.end() == position:
+            raise WorkloadError(f'composition {text!r} is not like "(1,2),8,9" '
+                                f'(at character {position})')
         inner = match.group(1) if match.group(1) is not None else match.group(2)
-        ids = [int(x) for x in re.split(r'\s*,\s*', inner.strip()) if x]
-        if not ids:
-            raise WorkloadError(f'composition {text!r}: empty group')
-        groups.append(ids)
-    rebuilt = ','.join(f'({",".join(map(str, g))})' for g in groups)
-    compact = re.sub(r'\s+', '', text)
-    plain = re.sub(r'\((\d+)\)', r'\1', rebuilt)
-    if not groups or compact not in (rebuilt, plain, re.sub(r'\((\d+)\)', r'\1', compact)):
-        raise WorkloadError(f'composition {text!r} is not like "(1,2),8,9"')
+        groups.append([int(x) for x in re.split(r'\s*,\s*', inner)])
+        position = match.end()
+        if match.group(3) == ',' and position == len(text):
+            raise WorkloadError(f'composition {text!r} ends with a comma')
+    if not groups:
+        raise WorkloadError('composition is empty')
     return groups
 
 

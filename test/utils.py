@@ -33,3 +33,25 @@ def make_scheduler(policy: str = 'timelyllm', config: SchedulerConfig | None = N
     engine = SimulatedEngine(**engine_kwargs)  # type: ignore[arg-type]
     scheduler = Scheduler(create_policy(policy), engine, clock, config)
     return scheduler, clock, engine
+
+
+def tiny_calibration(**overrides: object):  # -> Calibration
+    """A small, round-numbered latency model: prefill 0.1 ms/token, decode 20 ms at batch 1 and
+    +10 ms per extra sequence (no context term), 10 GPU blocks and 10 host blocks of 16 tokens,
+    swap-in 0.01 ms/token, at most 4 sequences."""
+    from timelyllm_ros.engines.calibration import Calibration
+
+    data: dict[str, object] = {
+        'model': 'tiny', 'gpu': 'test', 'source': 'hand-made for tests',
+        'prefill_ms': {'tokens': [0, 1000], 'ms': [0.0, 100.0]},
+        'decode_ms': {'reference_context_tokens': 0, 'batch': [1, 2], 'ms': [20.0, 30.0]},
+        'decode_ms_per_context_token': 0.0,
+        'kv_bytes_per_token': 1,
+        'gpu_kv_tokens': 160,
+        'host_kv_tokens': 160,
+        'block_size': 16,
+        'swap_in_ms_per_token': 0.01,
+        'max_num_seqs': 4,
+    }
+    data.update(overrides)
+    return Calibration.model_validate(data)

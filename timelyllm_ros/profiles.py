@@ -10,7 +10,9 @@ latency-guided batching.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -21,8 +23,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from timelyllm_ros.errors import ProfileError
 from timelyllm_ros.exec_time import ExecTimeModel
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / 'robot_profiles'
-"""Bundled profiles (source checkout and editable install)."""
+
+def _bundled_profiles_dir() -> Path:
+    """Where the bundled profiles are: ``$TIMELYLLM_PROFILES_DIR``, the source checkout
+    (editable install), ``<prefix>/share/timelyllm_ros/robot_profiles`` (pip install) or the
+    colcon install's share directory above the installed package."""
+    override = os.environ.get('TIMELYLLM_PROFILES_DIR')
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve().parent
+    candidates = [here.parent / 'robot_profiles',
+                  Path(sys.prefix) / 'share' / 'timelyllm_ros' / 'robot_profiles']
+    candidates += [parent / 'share' / 'timelyllm_ros' / 'robot_profiles'
+                   for parent in here.parents]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    return candidates[0]
+
+
+PROFILES_DIR = _bundled_profiles_dir()
+"""Bundled profiles (see :func:`_bundled_profiles_dir`)."""
 
 _ARG_PATTERNS = {
     'int': r'[+-]?\d+',

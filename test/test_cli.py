@@ -1,0 +1,104 @@
+"""The command contract: ``timelyllm bench`` / ``overhead`` / ``run`` outputs and errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from timelyllm_ros.cli import main
+
+METRIC_KEYS = {'tasks', 'completed', 'utility_mean', 'utility_max', 'response_time_mean_s',
+               'waiting_time_mean_s', 'completion_time_mean_s'}
+
+
+@pytest.fixture(scope='module')
+def wid1_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp('bench')
+    code = main(['bench', '--workload', 'wid1', '--policies', 'vllm,seg-edf,timelyllm',
+                 '--seed', '3', '--out', str(out), '--quiet'])
+    assert code == 0
+    return out
+
+
+def test_bench_writes_the_summary_contract(wid1_bench):
+    summary = json.loads((wid1_bench / 'summary.json').read_text())
+    assert set(summary['policies']) == {'vllm', 'seg-edf', 'timelyllm'}
+    for result in summary['policies'].values():
+        assert set(result['by_class']) == {'normal', 'urgent'}
+        for metrics in [*result['by_class'].values(), result['overall']]:
+            assert METRIC_KEYS <= set(metrics)
+        overall = result['overall']
+        assert overall['tasks'] == overall['completed'] == summary['tasks']
+        by_class = result['by_class']
+        assert overall['tasks'] == sum(m['tasks'] for m in by_class.values())
+        # utility_max is the best achievable mean: sum of betas over tasks.
+        expected_max = (by_class['normal']['tasks'] * 1.0 + by_class['urgent']['tasks'] * 2.0
+                        ) / overall['tasks']
+        assert overall['utility_max'] == pytest.approx(expected_max)
+        assert by_class['urgent']['utility_max'] == 2.0
+
+
+def test_bench_writes_tasks_csv_and_figures(wid1_bench):
+    summary = json.loads((wid1_bench / 'summary.json').read_text())
+    with (wid1_bench / 'tasks.csv').open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 3 * summary['tasks']
+    assert {r['policy'] for r in rows} == {'vllm', 'seg-edf', 'timelyllm'}
+    timely = [r for r in rows if r['policy'] == 'timelyllm']
+    mean = sum(float(r['utility']) for r in timely) / len(timely)
+    assert mean == pytest.approx(summary['policies']['timelyllm']['overall']['utility_mean'])
+    for name in ('fig5_utility.png', 'fig5_response.png', 'fig5_waiting.png',
+                 'fig8_policies.png'):
+        assert (wid1_bench / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_bench_is_reproducible_with_a_seed(wid1_bench, tmp_path):
+    assert main(['bench', '--workload', 'wid1', '--policies', 'vllm,seg-edf,timelyllm',
+                 '--seed', '3', '--out', str(tmp_path), '--quiet']) == 0
+    first = json.loads((wid1_bench / 'summary.json').read_text())
+    second = json.loads((tmp_path / 'summary.json').read_text())
+    for policy in first['policies']:
+        assert first['policies'][policy]['by_type'] == second['policies'][policy]['by_type']
+
+
+def test_bench_batch_sweep_and_arm_figures(tmp_path):
+    code = main(['bench', '--workload', 'wid3', '--compose', '9,(10,11)', '--policies',
+                 'vllm,timelyllm', '--batch-sizes', '1,4', '--out', str(tmp_path), '--quiet'])
+    assert code == 0
+    summary = json.loads((tmp_path / 'summary.json').read_text())
+    assert set(summary['batch_sweep']) == {'vllm', 'timelyllm'}
+    assert set(summary['batch_sweep']['timelyllm']) == {'1', '4'}
+    assert set(summary['policies']['vllm']['by_class']) == {'arm'}
+    for name in ('fig7_batch_sweep.png', 'fig9_arm_utility.png', 'fig9_arm_waiting.png'):
+        assert (tmp_path / name).exists()
+
+
+def test_overhead_prints_ms_per_queue_size(capsys):
+    assert main(['overhead', '--queued', '1,8', '--repeats', '5', '--json']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {'1', '8'}
+    assert all(math.isfinite(v) and v > 0 for v in result.values())
+
+
+def test_run_prints_tables(capsys):
+    assert main(['run', '--workload', 'wid1', '--compose', '(1,6),2', '--policy',
+                 'seg-fcfs']) == 0
+    out = capsys.readouterr().out
+    assert 'per task class' in out and 'urgent' in out and 'T6' in out
+    assert 'real time' in out
+
+
+@pytest.mark.parametrize(('argv', 'message'), [
+    (['run', '--workload', 'wid9'], "unknown workload 'wid9'"),
+    (['run', '--policy', 'lottery'], "unknown policy 'lottery'"),
+    (['bench', '--policies', 'vllm,nope', '--out', 'x'], "unknown policy 'nope'"),
+    (['run', '--compose', '(1,2'], 'composition'),
+    (['run', '--workload-file', '/nonexistent/w.json'], 'cannot read workload'),
+    (['run', '--calibration', 'no-such-gpu'], "no calibration 'no-such-gpu'"),
+])
+def test_bad_input_prints_an_error_and_returns_1(argv, message, capsys):
+    assert main(argv) == 1
+    assert message in capsys.readouterr().err

@@ -1,0 +1,401 @@
+"""The calibrated simulated engine: latency model, loading errors, steps, KV and prefix caching."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from timelyllm_ros.engines import create_engine
+from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.engines.calibration import (
+    CALIBRATION_DIR,
+    DEFAULT_CALIBRATION,
+    Calibration,
+    load_calibration,
+)
+from timelyllm_ros.engines.kv import KvCacheManager
+from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.errors import EngineError
+
+from utils import tiny_calibration
+
+CAL = load_calibration()
+SCRIPT = ('mf', '(', '50', ')')
+
+
+def _request(request_id: str, prompt_tokens: int = 100, script=SCRIPT, max_tokens: int = 64,
+             prefix_id: str | None = None, prefix_tokens: int = 0) -> EngineRequest:
+    return EngineRequest(request_id=request_id, prompt='p', prompt_tokens=prompt_tokens,
+                         max_tokens=max_tokens, script=script, prefix_id=prefix_id,
+                         prefix_tokens=prefix_tokens)
+
+
+# -- calibration -----------------------------------------------------------------------------
+@pytest.mark.parametrize(('tokens', 'ms'), [
+    (0, 0.0),
+    (-3, 0.0),
+    (1, 21.9),                                       # table points
+    (1331, 133.31),
+    (2884, 328.0),
+    (666, 21.9 + (133.31 - 21.9) * 665 / 1330),      # midpoint: 77.605
+    (2107.5, (133.31 + 328.0) / 2),                  # midpoint of the 2nd piece: 230.655
+    (4437, 328.0 + (328.0 - 133.31)),                # extrapolated one span further: 522.69
+])
+def test_prefill_s(tokens: float, ms: float) -> None:
+    assert CAL.prefill_s(tokens) == pytest.approx(ms / 1000, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize(('batch', 'context', 'ms'), [
+    (0, 0, 0.0),
+    (1, 2884, 21.9),                                 # table point at the reference context
+    (4, 4 * 2884, 23.325),
+    (256, 256 * 2884, 143.025),
+    (3, 3 * 2884, (22.375 + 23.325) / 2),            # interpolated: 22.85
+    (512, 512 * 2884, 143.025 + (143.025 - 82.225) / 128 * 256),   # extrapolated: 264.625
+    (1, 2884 + 1000, 21.9 + 0.13),                   # +0.00013 ms per extra context token
+    (1, 0, 21.9 - 0.00013 * 2884),                   # shorter context is cheaper
+])
+def test_decode_s(batch: int, context: int, ms: float) -> None:
+    assert CAL.decode_s(batch, context) == pytest.approx(ms / 1000, rel=1e-12, abs=1e-15)
+
+
+def test_swap_in_s() -> None:
+    # 1331 tokens at 0.00714 ms/token = 9.50334 ms (paper §4.1: 9.50 ms)
+    assert CAL.swap_in_s(1331) == pytest.approx(0.00950334)
+    assert (CAL.gpu_kv_tokens, CAL.block_size, CAL.max_num_seqs) == (32768, 16, 256)
+
+
+def test_load_by_path_equals_by_name() -> None:
+    assert load_calibration(CALIBRATION_DIR / f'{DEFAULT_CALIBRATION}.yaml') == CAL
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / 'broken.yaml'
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding='utf-8')
+    return str(path)
+
+
+@pytest.mark.parametrize(('change', 'field'), [
+    ({'gpu_kv_tokens': -5}, 'gpu_kv_tokens'),
+    ({'block_size': 0}, 'block_size'),
+    ({'prefill_ms': {'tokens': [1, 10], 'ms': [1.0]}}, 'prefill_ms'),
+    ({'decode_ms': {'reference_context_tokens': 0, 'batch': [4, 1], 'ms': [1.0, 2.0]}},
+     'decode_ms'),
+    ({'surprise': 1}, 'surprise'),
+])
+def test_load_calibration_invalid_field(tmp_path, change: dict, field: str) -> None:
+    data = CAL.model_dump()
+    data.update(change)
+    path = _write(tmp_path, data)
+    with pytest.raises(EngineError) as info:
+        load_calibration(path)
+    assert path in str(info.value) and field in str(info.value)
+    assert 'invalid calibration' in str(info.value)
+
+
+def test_load_calibration_missing_field(tmp_path) -> None:
+    data = CAL.model_dump()
+    del data['swap_in_ms_per_token']
+    path = _write(tmp_path, data)
+    with pytest.raises(EngineError, match='swap_in_ms_per_token') as info:
+        load_calibration(path)
+    assert path in str(info.value)
+
+
+def test_load_calibration_bad_yaml(tmp_path) -> None:
+    path = _write(tmp_path, 'model: [unclosed\n')
+    with pytest.raises(EngineError, match='not valid YAML') as info:
+        load_calibration(path)
+    assert path in str(info.value)
+
+
+def test_load_calibration_unknown_name() -> None:
+    with pytest.raises(EngineError) as info:
+        load_calibration('gpt9_tpu99')
+    message = str(info.value)
+    assert "no calibration 'gpt9_tpu99'" in message
+    assert f'bundled: {DEFAULT_CALIBRATION}' in message
+
+
+def test_create_engine() -> None:
+    engine = create_engine('sim', calibration=DEFAULT_CALIBRATION, max_num_seqs=6)
+    assert isinstance(engine, SimulatedEngine) and engine.max_num_seqs == 6
+    assert engine.calibration == CAL
+    tiny = tiny_calibration()
+    assert create_engine('sim', calibration=tiny).max_num_seqs == 4
+    with pytest.raises(EngineError, match="unknown engine 'vllm'; available: sim"):
+        create_engine('vllm')
+
+
+# -- steps -----------------------------------------------------------------------------------
+def test_prefill_then_decode_then_eos() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a', prompt_tokens=100))
+    assert engine.run_cost_s('a') == pytest.approx(CAL.prefill_s(100))
+    engine.run('a')
+    assert engine.running == ('a',)
+    first = engine.step()
+    # the prefill iteration computes the prompt and yields the first piece
+    assert first.tokens == {'a': 'mf'} and first.finished == {}
+    assert first.prefill_tokens == 100 and first.batch_size == 1
+    assert first.duration_s == CAL.prefill_s(100)
+    pieces, durations = [], []
+    for _ in range(3):
+        result = engine.step()
+        assert result.prefill_tokens == 0 and result.finished == {}
+        pieces.append(result.tokens['a'])
+        durations.append(result.duration_s)
+    assert pieces == ['(', '50', ')']
+    # decode: one sequence holding 101, 102, 103 tokens
+    assert durations == [CAL.decode_s(1, 101), CAL.decode_s(1, 102), CAL.decode_s(1, 103)]
+    last = engine.step()
+    assert last.tokens == {} and last.finished == {'a': 'eos'}
+    assert last.duration_s == CAL.decode_s(1, 104)
+    assert engine.running == ()
+    assert engine.steps == 5
+    assert engine.busy_s == pytest.approx(CAL.prefill_s(100) + sum(durations) + last.duration_s)
+    assert engine.step().duration_s == 0.0        # nothing running
+
+
+def test_max_tokens_gives_length() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a', max_tokens=2))
+    engine.run('a')
+    assert engine.step().tokens == {'a': 'mf'}
+    result = engine.step()
+    assert result.tokens == {'a': '('} and result.finished == {'a': 'length'}
+    assert engine.running == ()
+
+
+def test_empty_script_finishes_at_once() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a', script=None))
+    engine.run('a')
+    result = engine.step()
+    assert result.tokens == {} and result.finished == {'a': 'eos'}
+
+
+def test_prefill_stalls_other_decodes() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a', prompt_tokens=100))
+    engine.run('a')
+    engine.step()
+    engine.register(_request('b', prompt_tokens=500))
+    engine.run('b')
+    stalled = engine.step()
+    assert stalled.tokens == {'b': 'mf'}            # 'a' produced nothing this iteration
+    assert stalled.duration_s == CAL.prefill_s(500)
+    assert stalled.prefill_tokens == 500 and stalled.batch_size == 2
+    both = engine.step()
+    assert both.tokens == {'a': '(', 'b': '('}
+    # context: a holds 101, b holds 501
+    assert both.duration_s == CAL.decode_s(2, 602)
+    assert engine.decode_step_s(2) == CAL.decode_s(2, 2 * (102 + 502) // 2)
+
+
+def test_decode_step_s_model() -> None:
+    engine = SimulatedEngine()
+    # empty batch: the reference context per sequence
+    assert engine.decode_step_s(4) == CAL.decode_s(4, 4 * 2884)
+
+
+def test_pause_keeps_kv_resume_costs_nothing() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a'))
+    engine.run('a')
+    engine.step()
+    engine.pause('a')
+    assert engine.running == ()
+    assert engine.kv.location('a') == 'gpu'
+    assert engine.run_cost_s('a') == 0.0
+    engine.run('a')
+    result = engine.step()
+    assert result.prefill_tokens == 0 and result.tokens == {'a': '('}
+    assert result.duration_s == CAL.decode_s(1, 101)
+
+
+def test_eviction_to_host_then_swap_in() -> None:
+    tiny = tiny_calibration()                         # 10 GPU blocks, 10 host blocks
+    engine = SimulatedEngine(calibration=tiny)
+    engine.register(_request('a', prompt_tokens=64))
+    engine.run('a')
+    engine.step()                                     # a holds 65 tokens = 5 blocks
+    engine.pause('a')
+    engine.register(_request('b', prompt_tokens=100))  # needs 116 tokens = 8 blocks > 5 free
+    assert engine.can_run('b')
+    engine.run('b')
+    assert engine.kv.location('a') == 'host' and engine.kv.swaps_out == 1
+    # resume cost: swap 65 tokens back at 0.01 ms/token
+    assert engine.run_cost_s('a') == pytest.approx(65 * 0.01 / 1000)
+    assert not engine.can_run('a')                    # 'b' (7 blocks) is running: 3 free < 6
+    engine.release('b')
+    engine.run('a')
+    result = engine.step()
+    assert result.duration_s == pytest.approx(65 * 0.01 / 1000)
+    assert result.prefill_tokens == 0 and result.tokens == {}   # swap-in iteration only
+    assert engine.step().tokens == {'a': '('}
+
+
+def test_eviction_drops_when_host_full_then_reprefill() -> None:
+    tiny = tiny_calibration(host_kv_tokens=0)
+    engine = SimulatedEngine(calibration=tiny)
+    engine.register(_request('a', prompt_tokens=64))
+    engine.run('a')
+    engine.step()
+    engine.pause('a')
+    engine.register(_request('b', prompt_tokens=100))
+    engine.run('b')
+    assert engine.kv.location('a') == 'none' and engine.kv.drops == 1
+    assert engine.kv.swaps_out == 0
+    # prompt + generated token re-prefilled: 65 tokens at 0.1 ms/token
+    assert engine.run_cost_s('a') == pytest.approx(0.0065)
+    engine.release('b')
+    engine.run('a')
+    result = engine.step()
+    assert result.prefill_tokens == 65 and result.duration_s == pytest.approx(0.0065)
+    assert result.tokens == {'a': '('}                # continues where it stopped
+
+
+def test_prefix_caching() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('p1', prompt_tokens=1000, prefix_id='tello', prefix_tokens=900))
+    engine.register(_request('p2', prompt_tokens=1050, prefix_id='tello', prefix_tokens=900))
+    assert engine.kv.tokens('p1') == 100              # the shared prefix is counted once
+    assert engine.run_cost_s('p1') == CAL.prefill_s(1000)
+    engine.run('p1')
+    assert (engine.prefix_hits, engine.prefix_misses) == (0, 1)
+    assert engine.step().prefill_tokens == 1000
+    # second request of the same prefix prefills only its task part
+    assert engine.run_cost_s('p2') == CAL.prefill_s(150)
+    engine.run('p2')
+    assert (engine.prefix_hits, engine.prefix_misses) == (1, 1)
+    result = engine.step()
+    assert result.prefill_tokens == 150 and result.duration_s == CAL.prefill_s(150)
+
+
+def test_prefix_caching_off() -> None:
+    engine = SimulatedEngine(prefix_caching=False)
+    for rid in ('p1', 'p2'):
+        engine.register(_request(rid, prompt_tokens=1000, prefix_id='tello', prefix_tokens=900))
+        assert engine.kv.tokens(rid) == 1000
+        engine.run(rid)
+        assert engine.step().prefill_tokens == 1000
+    assert (engine.prefix_hits, engine.prefix_misses) == (0, 0)
+
+
+def test_fail_at_step() -> None:
+    engine = SimulatedEngine(fail_at_step=2)
+    engine.register(_request('a'))
+    engine.run('a')
+    engine.step()
+    with pytest.raises(EngineError, match='simulated engine failure at iteration 2'):
+        engine.step()
+
+
+def test_engine_request_errors() -> None:
+    engine = SimulatedEngine()
+    engine.register(_request('a'))
+    with pytest.raises(EngineError, match='already registered'):
+        engine.register(_request('a'))
+    with pytest.raises(EngineError, match='prefix_tokens'):
+        engine.register(_request('b', prompt_tokens=10, prefix_id='x', prefix_tokens=11))
+    with pytest.raises(EngineError, match="unknown request 'zz'"):
+        engine.pause('zz')
+    with pytest.raises(EngineError, match="unknown request 'zz'"):
+        engine.run('zz')
+    big = SimulatedEngine(calibration=tiny_calibration())
+    big.register(_request('huge', prompt_tokens=500))
+    assert not big.can_run('huge')
+    with pytest.raises(EngineError, match='does not fit'):
+        big.run('huge')
+
+
+def test_release_frees_memory() -> None:
+    engine = SimulatedEngine(calibration=tiny_calibration())
+    engine.register(_request('a', prompt_tokens=100))
+    engine.run('a')
+    assert engine.kv.gpu_free == 3
+    engine.release('a')
+    assert engine.kv.gpu_free == 10 and engine.running == ()
+    with pytest.raises(EngineError):
+        engine.run('a')
+
+
+def test_max_num_seqs() -> None:
+    engine = SimulatedEngine(max_num_seqs=1)
+    engine.register(_request('a'))
+    engine.register(_request('b'))
+    engine.run('a')
+    assert engine.can_run('a') and not engine.can_run('b')
+
+
+# -- KvCacheManager --------------------------------------------------------------------------
+@pytest.mark.parametrize(('gpu', 'host', 'block'), [(0, 1, 16), (1, -1, 16), (1, 1, 0)])
+def test_kv_invalid(gpu: int, host: int, block: int) -> None:
+    with pytest.raises(ValueError):
+        KvCacheManager(gpu, host, block)
+
+
+def test_kv_blocks() -> None:
+    kv = KvCacheManager(10, 4, 16)
+    assert [kv.blocks(n) for n in (0, 1, 16, 17, 32, 33)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_kv_accounting() -> None:
+    kv = KvCacheManager(gpu_blocks=10, host_blocks=4, block_size=16)
+    kv.add('a', 40)                                   # 3 blocks
+    assert kv.location('a') == 'none' and kv.gpu_free == 10
+    assert kv.can_place('a', 16)                      # 56 tokens -> 4 blocks
+    assert kv.place('a', 16) == 'none'
+    assert kv.location('a') == 'gpu' and kv.gpu_free == 7
+    assert kv.grow('a', 8) and kv.tokens('a') == 48 and kv.gpu_free == 7
+    assert kv.grow('a') and kv.tokens('a') == 49 and kv.gpu_free == 6
+    # already on the GPU: only the growth counts
+    assert kv.can_place('a', 16 * 6 - 1) and not kv.can_place('a', 16 * 7)
+    kv.add('b', 100)                                  # 7 blocks > 6 free
+    assert not kv.can_place('b', 0)
+    kv.pause('a')                                     # 'a' becomes evictable (4 blocks)
+    assert kv.can_place('b', 0)
+    assert kv.place('b', 0) == 'none'
+    assert kv.location('a') == 'host' and kv.swaps_out == 1 and kv.gpu_free == 3
+    kv.add('c', 30)                                   # 2 blocks
+    kv.place('c', 0)
+    assert kv.gpu_free == 1
+    kv.pause('b')
+    kv.pause('c')
+    kv.add('d', 160)                                  # 10 blocks = 1 free + 7 + 2 evictable
+    assert kv.can_place('d', 0) and not kv.can_place('d', 1)
+    kv.place('d', 0)
+    # host holds 'a' (4 of 4 blocks): 'b' and 'c' are dropped, least recently paused first
+    assert (kv.location('b'), kv.location('c')) == ('none', 'none')
+    assert kv.drops == 2 and kv.gpu_free == 0
+    assert kv.tokens('b') == 100                      # length remembered for re-prefill
+    # full GPU, nothing evictable: growth fails and changes nothing
+    assert not kv.grow('d', 1) and kv.tokens('d') == 160
+    kv.drop('d')
+    assert kv.location('d') == 'none' and kv.gpu_free == 10 and kv.tokens('d') == 160
+    # swap 'a' back in: host blocks freed, so an eviction can go to the host again
+    assert kv.place('a', 0) == 'host' and kv.gpu_free == 6
+    kv.pause('a')
+    kv.place('d', 0)                                  # evicts 'a' (4 blocks) to the host
+    assert kv.location('a') == 'host' and kv.swaps_out == 2
+    kv.remove('a')                                    # frees its host blocks
+    kv.remove('d')
+    assert kv.gpu_free == 10
+    kv.remove('missing')                              # no-op
+    with pytest.raises(KeyError):
+        kv.location('a')
+
+
+def test_kv_pause_of_non_gpu_is_noop() -> None:
+    kv = KvCacheManager(gpu_blocks=2, host_blocks=0, block_size=16)
+    kv.add('a', 16)
+    kv.pause('a')                                     # not placed: nothing to evict
+    kv.add('b', 32)
+    assert kv.can_place('b', 0)
+    kv.place('b', 0)
+    assert kv.gpu_free == 0 and kv.location('a') == 'none' and kv.drops == 0
+
+
+def test_calibration_model_type() -> None:
+    assert isinstance(CAL, Calibration)
