@@ -38,6 +38,29 @@ def format_table(title: str, rows: dict[str, dict[str, object]], label: str) -> 
     return '\n'.join(lines)
 
 
+def format_matrix(title: str, results: dict[str, dict[str, object]], metric: str) -> str:
+    """Rows = task types then classes then overall, columns = policies, cells = one metric."""
+    policies = list(results)
+    first = next(iter(results.values()))
+    groups = [('by_type', g) for g in first['by_type']] + [  # type: ignore[union-attr]
+        ('by_class', g) for g in first['by_class']] + [('overall', 'overall')]  # type: ignore[union-attr]
+    with_max = metric == 'utility_mean'
+    header = ['', *policies, *(['max'] if with_max else [])]
+    body = []
+    for section, group in groups:
+        blocks = {p: results[p][section] if section == 'overall'
+                  else results[p][section].get(group, {})  # type: ignore[union-attr]
+                  for p in policies}
+        row = [group, *(_fmt(blocks[p].get(metric), '{:.3f}') for p in policies)]
+        if with_max:
+            row.append(_fmt(blocks[policies[0]].get('utility_max'), '{:.2f}'))
+        body.append(row)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = [title, '  '.join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ['  '.join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
+    return '\n'.join(lines)
+
+
 def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from lrtrace.workloads import resolve_workload
 
@@ -104,13 +127,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for policy, result in summary['policies'].items():  # type: ignore[union-attr]
         rows = {**result['by_class'], 'overall': result['overall']}
         print(format_table(f'[{policy}]', rows, 'class'))
-    classes = sorted({c for r in summary['policies'].values() for c in r['by_class']})  # type: ignore[union-attr]
-    for cls in classes:
-        for key, label in (('utility_mean', 'utility'), ('response_time_mean_s', 'response s'),
-                           ('waiting_time_mean_s', 'waiting s')):
-            cells = [f"{p}={_fmt(r['by_class'].get(cls, {}).get(key), '{:.3f}')}"
-                     for p, r in summary['policies'].items()]  # type: ignore[union-attr]
-            print(f'{cls:>8} {label:>10}: ' + '  '.join(cells))
+    results = summary['policies']  # type: ignore[index]
+    for key, label in (('utility_mean', 'time utility'),
+                       ('response_time_mean_s', 'response time (s)'),
+                       ('waiting_time_mean_s', 'robot waiting time (s)')):
+        print(format_matrix(f'{label} per task type', results, key))
     if 'batch_sweep' in summary:
         print('batch sweep (overall utility):', json.dumps(summary['batch_sweep']))
     print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures')
