@@ -7,14 +7,13 @@ The tiny calibration (test/utils.py) has prefill 0.1 ms/token and decode steps o
 from __future__ import annotations
 
 import pytest
+from utils import make_spec, tiny_calibration
 
 from timelyllm_ros.admission import AdmissionContext, budget_s, fits, latency_guided, wcet_s
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.request import Generation, TaskStatus
-
-from utils import make_spec, tiny_calibration
 
 COMM = 0.008
 L_MAX = 10

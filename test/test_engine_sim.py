@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from utils import tiny_calibration
 
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.base import EngineRequest
@@ -16,8 +17,6 @@ from timelyllm_ros.engines.calibration import (
 from timelyllm_ros.engines.kv import KvCacheManager
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError
-
-from utils import tiny_calibration
 
 CAL = load_calibration()
 SCRIPT = ('mf', '(', '50', ')')

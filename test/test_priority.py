@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from utils import make_scheduler, make_spec
 
 from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.policies import (
@@ -23,8 +24,6 @@ from timelyllm_ros.queue import GenerationQueue, QueueView
 from timelyllm_ros.request import Generation, TaskStatus
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.tuf import NORMAL, URGENT
-
-from utils import make_scheduler, make_spec
 
 G = 0.09
 COMM = 0.008

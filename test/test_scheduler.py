@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from utils import make_scheduler, make_spec, tiny_calibration
 
-from timelyllm_ros.errors import EngineError, GoalError, TufError
 from timelyllm_ros.engines.calibration import load_calibration
+from timelyllm_ros.errors import EngineError, GoalError, TufError
 from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import NO_SKILL_ERROR, Dispatch, Scheduler
 from timelyllm_ros.tuf import Tuf
-
-from utils import make_scheduler, make_spec, tiny_calibration
 
 CAL = load_calibration()
 COMM = 0.008

@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from utils import make_scheduler, make_spec
 
 from lrtrace.workloads import (
     AUTHORS_WORKLOADS,
@@ -25,8 +26,6 @@ from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.simulation import SimulationResult, simulate
 from timelyllm_ros.tuf import NORMAL
-
-from utils import make_scheduler, make_spec
 
 COMM = SchedulerConfig().comm_s
 HOT = WorkloadSpec(name='hot', eps=1.0, max_tpe=8, trace_ids=list(range(1, 9)), agents=25,
