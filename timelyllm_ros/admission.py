@@ -32,6 +32,7 @@ class AdmissionContext:
     max_batch: int                              # batch cap of this run
     recent_step_s: float | None                 # observed decode-step time, None before any
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile
+    urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -62,13 +63,17 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
-    it, so it is admitted (subject to :func:`fits`).
+    it, so it is admitted (subject to :func:`fits`). Budgets that differ by less than
+    ``urgency_tie_s`` (one segment generation time G by default in the scheduler) count as
+    equally urgent: requests of one event arrive milliseconds apart, and serialising them
+    would make each wait a whole segment for a difference of a few milliseconds.
     """
     if not ctx.running:
         return True
     most_urgent = min(ctx.running, key=lambda g: budget_s(g, ctx))
     budget = budget_s(most_urgent, ctx)
-    if budget_s(candidate, ctx) <= budget:
+    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
+    if budget_s(candidate, ctx) <= budget + tie:
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
     return wcet_s(most_urgent, extra, len(ctx.running) + 1, ctx) <= budget

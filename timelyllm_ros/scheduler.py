@@ -187,7 +187,8 @@ class Scheduler:
             ctx = AdmissionContext(
                 now=now, comm_s=self.config.comm_s, engine=self.engine,
                 running=list(self._running.values()), max_batch=cap,
-                recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens)
+                recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
+                urgency_tie_s=self._segment_generation_s)
             if not self.policy.admit(candidate, ctx):
                 if not self._running and not self.engine.can_run(candidate.task_id):
                     self._end(candidate, TaskStatus.FAILED,
@@ -341,6 +342,9 @@ class Scheduler:
 
     def _profile(self, generation: Generation) -> RobotProfile:
         return self.profile(generation.spec.profile)
+
+    def _segment_generation_s(self, generation: Generation) -> float:
+        return self._profile(generation).segment_generation_s
 
     def _max_segment_tokens(self, generation: Generation) -> int:
         return self._profile(generation).max_segment_tokens
