@@ -36,13 +36,18 @@ setup(
         'PyYAML>=6.0,<7',
         'matplotlib>=3.8,<4',
         'tqdm>=4.66,<5',
+        'rosbags>=0.10,<0.12',
+        'mcap>=1.2,<2',
     ],
     extras_require={
-        'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7'],
+        'robots': ['djitellopy>=2.5,<3', 'neuromeka>=3.5,<4'],
+        'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7',
+                 'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4'],
     },
     entry_points={
         'console_scripts': [
             'timelyllm = timelyllm_ros.cli:main',
+            'lrtrace = lrtrace.cli:main',
         ],
     },
     zip_safe=False,

@@ -137,7 +137,7 @@ def scheduling_overhead(queued: int, repeats: int = 200, policy: str = 'timelyll
     clock = SimClock(100.0)
     scheduler = Scheduler(create_policy(policy), create_engine('sim'), clock)
     script = ('mf', '(', '50', ')')
-    urgent = TaskSpec('running', 'tello-x', 'tello', 'urgent', 'T6', URGENT, 99.95, 'avoid',
+    urgent = TaskSpec('running', 'tello-x', 'tello', 'urgent', 'T6', URGENT, 99.85, 'avoid',
                       1331, script=script)
     scheduler.submit(urgent)
     scheduler.decide()
