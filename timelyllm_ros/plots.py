@@ -41,9 +41,11 @@ def grouped_bars(path: Path, by_policy: Mapping[str, Summary], metric: str, titl
     ax.set_ylabel(METRIC_LABELS.get(metric, metric))
     ax.set_title(title)
     ax.axhline(0, color='grey', linewidth=0.6)
-    ax.legend(fontsize=7, ncols=min(len(policies) + show_max, 4))
+    # Below the axes, so that it never hides a bar.
+    ax.legend(fontsize=7, ncols=min(len(policies) + show_max, 4), loc='upper center',
+              bbox_to_anchor=(0.5, -0.12), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches='tight')
     plt.close(fig)
     return path
 
@@ -59,7 +61,7 @@ def batch_sweep(path: Path, sweep: Mapping[str, Mapping[int, float]], title: str
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches='tight')
     plt.close(fig)
     return path
 
