@@ -79,6 +79,11 @@ class Statement:
         error: Why the statement is malformed; ``None`` when it is valid.
         kind: ``skill`` (one call), ``conditional``, ``loop`` or ``text`` (chatbot).
         repeat: The loop count when ``kind == 'loop'``, else 1.
+        condition_op: For a conditional, the comparison of its condition (``==``, ``!=``,
+            ``<``, ``<=``, ``>``, ``>=``); ``None`` for a bare condition (truthy) and for
+            other kinds.
+        condition_value: For a conditional with a comparison, the literal compared with
+            (``True``/``False``, a number or a string); else ``None``.
     """
 
     text: str
@@ -86,6 +91,8 @@ class Statement:
     error: str | None = None
     kind: StatementKind = 'skill'
     repeat: int = 1
+    condition_op: str | None = None
+    condition_value: int | float | str | bool | None = None
 
     @property
     def executable(self) -> bool:
@@ -132,10 +139,13 @@ class _Parser:
         self.profile = profile
         self.s = text
         self.i = 0
+        # (op, literal) of every conditional met, in pre-order (outermost first)
+        self._conditions: list[tuple[str | None, int | float | str | bool | None]] = []
 
     def parse(self) -> Statement:
         """Parse the whole text as one statement; malformed text gives a statement with error."""
         text = self.s.strip()
+        self._conditions.clear()
         try:
             kind, calls, repeat = self._statement()
             self._ws()
@@ -143,7 +153,10 @@ class _Parser:
                 raise _ParseError(f'unexpected text after the statement: {self.s[self.i:]!r}')
         except _ParseError as err:
             return Statement(text=text, calls=(), error=str(err), kind='skill')
-        return Statement(text=text, calls=tuple(calls), kind=kind, repeat=repeat)
+        # conditions are met in pre-order: a top-level conditional's own condition comes first
+        op, value = self._conditions[0] if kind == 'conditional' else (None, None)
+        return Statement(text=text, calls=tuple(calls), kind=kind, repeat=repeat,
+                         condition_op=op, condition_value=value)
 
     def _ws(self) -> bool:
         """Skip whitespace; return whether it held a newline."""
@@ -181,6 +194,7 @@ class _Parser:
         condition = self._call()
         self._ws()
         op = _COMPARISON.match(self.s, self.i)
+        comparison: tuple[str | None, int | float | str | bool | None] = (None, None)
         if op is not None:
             self.i = op.end()
             self._ws()
@@ -188,6 +202,8 @@ class _Parser:
             if literal is None:
                 raise _ParseError(f'expected a literal after {op.group()!r} in the condition')
             self.i = literal.end()
+            comparison = (op.group(), _literal_value(literal.group()))
+        self._conditions.append(comparison)
         self._expect('{', 'the condition')
         return 'conditional', [condition, *self._body()], 1
 
@@ -285,6 +301,15 @@ class _Parser:
                 pieces.append(s[begin:j])
                 begin = j + 1
         raise _ParseError(f"{name}: missing ')'")
+
+
+def _literal_value(literal: str) -> int | float | str | bool:
+    """The value of a condition literal matched by ``_LITERAL``."""
+    if literal in ('True', 'False'):
+        return literal == 'True'
+    if literal[0] in '\'"':
+        return literal[1:-1]
+    return float(literal) if '.' in literal else int(literal)
 
 
 def _has_bracket(piece: str) -> bool:

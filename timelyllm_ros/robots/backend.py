@@ -8,11 +8,23 @@ whole segment with :meth:`RobotBackend.check` before it sends anything, then cal
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from timelyllm_ros.clock import Clock, SimClock
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.segmenter import SkillCall
+
+
+def wait_on(clock: Clock, seconds: float) -> None:
+    """Let ``seconds`` pass on ``clock``: advance a SimClock, sleep on any other clock."""
+    if seconds <= 0:
+        return
+    if isinstance(clock, SimClock):
+        clock.elapse(seconds)
+    else:
+        time.sleep(seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,404 @@
+"""The real djitellopy client, driven by TelloBackend, against the Tello emulator on loopback.
+
+Every test gets its own loopback address (djitellopy routes replies by the sender's IP) and a
+free control port; the state port is process-wide in djitellopy, so all tests share one.
+Emulated durations are scaled down with ``time_scale``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lrtrace.traces import approx_tokenize
+from timelyllm_ros.clock import WallClock
+from timelyllm_ros.errors import RobotError
+from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.request import Segment
+from timelyllm_ros.robots.emulators.tello import TelloEmulator, main
+from timelyllm_ros.robots.executor import SegmentExecution, SkillExecutor
+from timelyllm_ros.segmenter import SkillCall, Statement, segment_pieces, segment_text
+
+FAST = 0.01                    # 100x faster than a real drone
+_hosts = itertools.count(20)
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(('127.0.0.1', 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope='module')
+def tello() -> RobotProfile:
+    return load_profile('tello')
+
+
+@pytest.fixture
+def host() -> str:
+    return f'127.0.0.{next(_hosts)}'
+
+
+@pytest.fixture(scope='module')
+def state_port() -> int:
+    from timelyllm_ros.robots.tello import client_state_port
+
+    return client_state_port() or free_udp_port()
+
+
+@pytest.fixture
+def emulator(host: str, state_port: int) -> Iterator[Callable[..., TelloEmulator]]:
+    started: list[TelloEmulator] = []
+
+    def make(**kwargs: object) -> TelloEmulator:
+        kwargs.setdefault('time_scale', FAST)
+        emu = TelloEmulator(host, 0, state_port, **kwargs).start()  # type: ignore[arg-type]
+        started.append(emu)
+        return emu
+
+    yield make
+    for emu in started:
+        emu.stop()
+
+
+@pytest.fixture
+def backend(tello: RobotProfile, host: str, state_port: int) -> Iterator[Callable[..., object]]:
+    pytest.importorskip('djitellopy')
+    from timelyllm_ros.robots.tello import TelloBackend
+
+    made: list[TelloBackend] = []
+
+    def make(emu: TelloEmulator, **kwargs: object) -> TelloBackend:
+        kwargs.setdefault('command_timeout_s', 1.0)
+        kwargs.setdefault('motion_timeout_factor', 0.0)
+        made.append(TelloBackend(tello, host, control_port=emu.port, state_port=state_port,
+                                 **kwargs))  # type: ignore[arg-type]
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def segments(profile: RobotProfile, plan: str) -> list[Segment]:
+    """The plan cut as the scheduler cuts it while streaming (one segment per skill)."""
+    out = []
+    for index, (_, cut) in enumerate(segment_pieces(profile, approx_tokenize(plan))):
+        if cut.statements:
+            out.append(Segment(index, cut.text, cut.statements, 0.0, 0.0, 0.0, 0))
+    return out
+
+
+def run_plan(executor: SkillExecutor, profile: RobotProfile, plan: str) -> list[SegmentExecution]:
+    results = []
+    for seg in segments(profile, plan):
+        results.append(executor.execute(seg))
+        if not results[-1].success:
+            break
+    return results
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# --- whole plans -------------------------------------------------------------------------------
+
+def test_whole_plan_sends_the_expected_sdk_commands(tello, emulator, backend):
+    emu = emulator()
+    drone = backend(emu)
+    executor = SkillExecutor(drone, WallClock())
+    plan = 'to();mf(50);tc(90);mu(30)'
+    results = run_plan(executor, tello, plan)
+    assert len(results) == 4 and all(r.success for r in results), [r.error for r in results]
+    assert [r.skills[0].call for r in results] == ['to()', 'mf(50)', 'tc(90)', 'mu(30)']
+    assert emu.commands == ['command', 'takeoff', 'forward 50', 'cw 90', 'up 30']
+    assert emu.in_air and emu.height == 130 and emu.yaw == 90
+    # the state stream reaches djitellopy's process-wide state receiver
+    assert wait_for(lambda: drone.state().get('h') == 130), drone.state()
+    assert drone.state()['yaw'] == 90
+    (landed,) = run_plan(executor, tello, 'ld()')
+    assert landed.success
+    assert emu.commands[-1] == 'land' and not emu.in_air and emu.height == 0
+    assert 0 < emu.battery < 100                       # drained while flying
+    assert wait_for(lambda: drone.state().get('h') == 0)
+    assert abs(drone.state()['bat'] - emu.battery) <= 1
+    for record in (s for r in results for s in r.skills):
+        assert record.success and record.end_time >= record.start_time
+
+
+def test_segment_text_plan_in_one_segment(tello, emulator, backend):
+    emu = emulator()
+    executor = SkillExecutor(backend(emu), WallClock())
+    for index, cut in enumerate(segment_text(tello, 'to();mf(50);tc(90);mu(30);ld()')):
+        result = executor.execute(Segment(index, cut.text, cut.statements, 0.0, 0.0, 0.0, 0))
+        assert result.success, result.error
+    assert emu.commands == ['command', 'takeoff', 'forward 50', 'cw 90', 'up 30', 'land']
+
+
+def test_local_skills_and_loops_send_only_motions(tello, emulator, backend):
+    emu = emulator()
+    drone = backend(emu)
+    executor = SkillExecutor(drone, WallClock())
+    results = run_plan(executor, tello, "to();2{tu(45);md(20)};l('hello');tp();d(0.05);ld()")
+    assert all(r.success for r in results), [r.error for r in results]
+    assert emu.commands == ['command', 'takeoff', 'ccw 45', 'down 20', 'ccw 45', 'down 20',
+                            'land']
+    assert drone.pictures == 1
+    delay = next(s for r in results for s in r.skills if s.skill == 'delay')
+    assert delay.end_time - delay.start_time >= 0.05
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+def test_error_reply_fails_the_segment_without_retrying_the_motion(tello, emulator, backend):
+    emu = emulator(reply_error_for={'cw'})
+    executor = SkillExecutor(backend(emu), WallClock())
+    results = run_plan(executor, tello, 'to();mf(50);tc(90);mu(30);ld()')
+    assert [r.success for r in results] == [True, True, False]
+    failed = results[-1]
+    assert failed.error.startswith('tc(90) failed:')
+    assert "'cw 90'" in failed.error and "answered 'error'" in failed.error
+    assert [(s.call, s.success) for s in failed.skills] == [('tc(90)', False)]
+    assert emu.commands == ['command', 'takeoff', 'forward 50', 'cw 90']
+
+
+def test_missing_reply_times_out(tello, emulator, backend):
+    emu = emulator(drop_replies_for={'forward'})
+    executor = SkillExecutor(backend(emu), WallClock())
+    began = time.monotonic()
+    results = run_plan(executor, tello, 'to();mf(50);ld()')
+    elapsed = time.monotonic() - began
+    assert [r.success for r in results] == [True, False]
+    assert 'mf(50)' in results[-1].error and 'no reply within 1 s' in results[-1].error
+    assert elapsed < 3.0
+    assert emu.commands == ['command', 'takeoff', 'forward 50']
+
+
+def test_handshake_retries_then_fails(tello, emulator, backend):
+    from timelyllm_ros.robots.tello import TelloBackend
+
+    emu = emulator(drop_replies_for={'command'})
+    drone: TelloBackend = backend(emu, retry_count=2)       # type: ignore[assignment]
+    with pytest.raises(RobotError, match='does not answer'):
+        drone.connect()
+    assert emu.commands == ['command', 'command'] and not drone.connected
+    emu.drop_replies_for.clear()
+    drone.connect()
+    assert drone.connected
+
+
+def test_out_of_range_argument_is_refused_before_sending(tello, emulator, backend):
+    emu = emulator()
+    drone = backend(emu)
+    bad = SkillCall('move_forward', 'mf', {'distance': 600}, 'mf(600)')
+    seg = Segment(0, 'mf(600)', (Statement('mf(600)', (bad,)),), 0.0, 0.0, 0.0, 0)
+    result = SkillExecutor(drone, WallClock()).execute(seg)
+    assert not result.success and result.skills == []
+    assert 'mf(600): distance=600 cm is outside the robot limits' in result.error
+    assert emu.commands == []                               # not even connected
+    time.sleep(0.05)
+    assert emu.commands == []
+
+
+def test_move_before_takeoff_is_a_clear_error(tello, emulator, backend):
+    emu = emulator()
+    executor = SkillExecutor(backend(emu), WallClock())
+    (result,) = run_plan(executor, tello, 'mf(50);ld()')
+    assert not result.success
+    assert "'error Motor stop'" in result.error and 'take off with to() first' in result.error
+    assert emu.commands == ['command', 'forward 50']
+
+
+def test_emulator_stopped_mid_plan_fails_without_hanging(tello, emulator, backend):
+    emu = emulator(time_scale=0.1)                          # to(): 0.5 s, mf(500): 0.54 s
+    drone = backend(emu, command_timeout_s=1.0)
+    executor = SkillExecutor(drone, WallClock())
+
+    def kill_during_the_move() -> None:
+        wait_for(lambda: 'forward 500' in emu.commands, 5.0)
+        emu.stop()
+
+    killer = threading.Thread(target=kill_during_the_move)
+    killer.start()
+    began = time.monotonic()
+    seg = segments(tello, 'mf(500)')[0]
+    (takeoff,) = run_plan(executor, tello, 'to()')
+    assert takeoff.success
+    result = executor.execute(seg)
+    killer.join(5.0)
+    assert time.monotonic() - began < 4.0
+    assert not result.success
+    assert result.error.startswith('mf(500) failed:') and 'no reply' in result.error
+    assert not emu.running
+    # the dead drone keeps failing quickly, and closing does not hang
+    again = executor.execute(segments(tello, 'ld()')[0])
+    assert not again.success and 'no reply' in again.error
+    drone.close()
+    drone.close()
+
+
+def test_djitellopy_receiver_survives_a_dead_emulator(tello, emulator, backend):
+    from timelyllm_ros.robots.tello import _receiver_alive
+
+    emu = emulator()
+    executor = SkillExecutor(backend(emu), WallClock())
+    assert run_plan(executor, tello, 'to()')[0].success
+    assert _receiver_alive()
+
+
+# --- perception ----------------------------------------------------------------------------------
+
+def test_perception_skill_without_perception_is_refused(tello, emulator, backend):
+    emu = emulator()
+    drone = backend(emu)
+    assert not drone.supports('is_visible') and drone.supports('move_forward')
+    seg = segments(tello, "?iv('cat')==True{g('cat')}")[0]
+    result = SkillExecutor(drone, WallClock()).execute(seg)
+    assert not result.success and result.skills == []
+    assert "skill 'is_visible'" in result.error and 'not supported' in result.error
+    assert emu.commands == []
+
+
+def test_perception_callable_answers_and_goto_flies_forward(tello, emulator, backend):
+    emu = emulator()
+    answers = {'is_visible': True, 'goto': 120.4}
+    drone = backend(emu, perception=lambda call: answers[call.skill])
+    executor = SkillExecutor(drone, WallClock())
+    results = run_plan(executor, tello, "to();?iv('cat')==True{g('cat')};ld()")
+    assert all(r.success for r in results), [r.error for r in results]
+    assert emu.commands == ['command', 'takeoff', 'forward 120', 'land']
+    goto = next(s for r in results for s in r.skills if s.skill == 'goto')
+    assert goto.result == 120
+    answers['is_visible'] = False
+    results = run_plan(executor, tello, "to();?iv('cat')==True{g('cat')}")
+    assert all(r.success for r in results)
+    assert emu.commands[-1] == 'takeoff'
+
+
+# --- connection rules ----------------------------------------------------------------------------
+
+def test_one_open_backend_per_host_and_reconnect(tello, emulator, backend):
+    emu = emulator()
+    first, second = backend(emu), backend(emu)
+    first.connect()
+    with pytest.raises(RobotError, match='another TelloBackend'):
+        second.connect()
+    first.close()
+    second.connect()
+    assert second.connected and emu.commands == ['command', 'command']
+
+
+def test_unreachable_drone_connect_fails_fast(tello, backend, host):
+    from timelyllm_ros.robots.tello import TelloBackend
+
+    class _Nowhere:
+        port = free_udp_port()
+
+    drone: TelloBackend = backend(_Nowhere, retry_count=1)  # type: ignore[assignment]
+    began = time.monotonic()
+    with pytest.raises(RobotError, match='does not answer'):
+        drone.connect()
+    assert time.monotonic() - began < 2.5
+
+
+# --- the emulator on its own (raw UDP, no djitellopy) --------------------------------------------
+
+class _Raw:
+    def __init__(self, emu: TelloEmulator) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(('127.0.0.1', 0))
+        self.sock.settimeout(2.0)
+        self.emu = emu
+
+    def ask(self, command: str) -> str:
+        self.sock.sendto(command.encode(), self.emu.address)
+        return self.sock.recvfrom(1024)[0].decode()
+
+
+def test_emulator_protocol(emulator):
+    emu = emulator()
+    raw = _Raw(emu)
+    try:
+        assert raw.ask('takeoff').startswith('error')          # not in SDK mode yet
+        assert raw.ask('command') == 'ok'
+        assert raw.ask('battery?').isdigit() and raw.ask('height?') == '0'
+        assert raw.ask('forward 50') == 'error Motor stop'
+        assert raw.ask('land').startswith('error')
+        assert raw.ask('takeoff') == 'ok' and raw.ask('height?') == '100'
+        for bad in ('forward 10', 'forward 501', 'cw 0', 'cw 361', 'up x', 'up', 'jump 3',
+                    'speed 200', ''):
+            reply = raw.ask(bad) if bad else raw.ask(' ')
+            assert reply.startswith('error') and 'ok' not in reply.lower(), (bad, reply)
+        assert raw.ask('down 150').startswith('error')          # below the ground
+        assert raw.ask('up 20') == 'ok' and raw.ask('down 40') == 'ok'
+        assert raw.ask('height?') == '80'
+        assert raw.ask('ccw 270') == 'ok' and emu.yaw == 90
+        assert raw.ask('go 50 0 20 50') == 'ok' and emu.height == 100
+        assert raw.ask('time?').isdigit() and raw.ask('sdk?') == '20'
+        assert raw.ask('land') == 'ok' and not emu.in_air
+    finally:
+        raw.sock.close()
+    assert emu.commands[:2] == ['takeoff', 'command']
+
+
+def test_emulator_motion_takes_the_model_time(emulator, tello):
+    emu = emulator(time_scale=0.05)
+    raw = _Raw(emu)
+    try:
+        raw.ask('command')
+        began = time.monotonic()
+        assert raw.ask('takeoff') == 'ok'
+        assert time.monotonic() - began == pytest.approx(5.0 * 0.05, abs=0.1)
+        began = time.monotonic()
+        assert raw.ask('forward 500') == 'ok'
+        expected = tello.skill('mf').exec_time.mean_s({'distance': 500}) * 0.05
+        assert time.monotonic() - began == pytest.approx(expected, abs=0.1)
+    finally:
+        raw.sock.close()
+
+
+def test_emulator_state_stream(host):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(('127.0.0.1', 0))
+        listener.settimeout(2.0)
+        port = listener.getsockname()[1]
+        with TelloEmulator(host, 0, port, time_scale=FAST, battery=80) as emu:
+            listener.sendto(b'command', emu.address)         # the state goes to this host
+            assert listener.recvfrom(1024)[0] == b'ok'
+            lines = []
+            began = time.monotonic()
+            while len(lines) < 3:
+                data, sender = listener.recvfrom(1024)
+                assert sender[0] == host
+                lines.append(data.decode('ascii'))
+            assert time.monotonic() - began < 1.0               # ~10 Hz
+    fields = dict(f.split(':') for f in lines[-1].strip().rstrip(';').split(';'))
+    assert lines[-1].endswith(';\r\n')
+    assert {'pitch', 'roll', 'yaw', 'vgx', 'h', 'bat', 'baro', 'time', 'agz'} <= set(fields)
+    assert fields['h'] == '0' and 0 < int(fields['bat']) <= 80
+
+
+def test_emulator_stop_is_idempotent_and_releases_the_port(host, state_port):
+    emu = TelloEmulator(host, 0, state_port).start()
+    port = emu.port
+    emu.stop()
+    emu.stop()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as again:
+        again.bind((host, port))
+
+
+def test_emulator_cli_rejects_a_busy_port(host, capsys):
+    with TelloEmulator(host, 0, free_udp_port()) as emu:
+        assert main(['--host', host, '--port', str(emu.port)]) == 1
+    assert 'cannot listen' in capsys.readouterr().err
