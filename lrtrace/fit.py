@@ -1,0 +1,223 @@
+"""Fit execution-time models of a robot profile from recorded skill executions (paper 000 §6).
+
+:func:`fit_profile` collects, per skill, ``(arguments, seconds)`` samples from the
+``SkillExecution`` messages of LRTrace bags (successful calls only; the arguments are parsed
+from the recorded call text with the profile's grammar) and refits each skill in the kind its
+current model has:
+
+* ``parametric`` -- least squares on the same argument, with the same polynomial degree;
+* ``sampled``    -- the recorded durations become the distribution;
+* ``constant``   -- the mean.
+
+The report gives, per fitted skill, the model, the number of samples and ``rel_error``: the
+mean over the recorded calls of ``|fitted − reference| / reference``, both evaluated (mean
+estimate) at that call's arguments, against a reference profile (by default the profile
+before fitting). :func:`write_profile` writes the updated profile as YAML with its provenance
+naming the bags and the sample counts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from lrtrace import format as fmt
+from lrtrace.reader import TraceBag, read_bag
+from timelyllm_ros.errors import ProfileError, TraceFormatError
+from timelyllm_ros.exec_time import (
+    ParametricTime,
+    fit_constant,
+    fit_parametric,
+    fit_sampled,
+)
+from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.segmenter import segment_text
+
+__all__ = ['FitReport', 'SkillFit', 'collect_samples', 'fit_profile', 'write_profile']
+
+Sample = tuple[dict[str, Any], float]
+
+
+@dataclass(frozen=True, slots=True)
+class SkillFit:
+    """The outcome of fitting one skill."""
+
+    skill: str
+    model: dict[str, Any]
+    samples: int
+    rel_error: float | None      # None: no reference value to compare with (0 s)
+    note: str = ''
+
+
+@dataclass(slots=True)
+class FitReport:
+    """What :func:`fit_profile` did, per skill (canonical skill names)."""
+
+    profile: str
+    bags: list[str]
+    skills: dict[str, SkillFit] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)   # skill or call -> why
+
+    @property
+    def samples(self) -> int:
+        return sum(f.samples for f in self.skills.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"skills": {SKILL: {"model": {...}, "rel_error": x, "samples": n}}}``."""
+        return {
+            'profile': self.profile,
+            'bags': self.bags,
+            'skills': {name: {'model': f.model, 'rel_error': f.rel_error, 'samples': f.samples,
+                              **({'note': f.note} if f.note else {})}
+                       for name, f in self.skills.items()},
+            'skipped': self.skipped,
+        }
+
+
+def _parse_args(profile: RobotProfile, call: str) -> dict[str, Any] | None:
+    """Arguments of one recorded call (``mf(50)``), or None when it does not parse."""
+    statements = [s for cut in segment_text(profile, call) for s in cut.statements]
+    if len(statements) != 1 or not statements[0].calls:
+        return None
+    return dict(statements[0].calls[0].args)
+
+
+def collect_samples(bags: Sequence[TraceBag], profile: RobotProfile
+                    ) -> tuple[dict[str, list[Sample]], dict[str, str]]:
+    """Per canonical skill name, the ``(args, seconds)`` of every successful recorded call.
+
+    Returns:
+        The samples and, per skipped call text, why it was skipped.
+    """
+    samples: dict[str, list[Sample]] = {}
+    skipped: dict[str, str] = {}
+    for bag in bags:
+        for record in bag.skills:
+            if not record.success:
+                continue
+            start, end = fmt.stamp_seconds(record.start_stamp), fmt.stamp_seconds(
+                record.end_stamp)
+            if math.isnan(start) or math.isnan(end) or end < start:
+                skipped[record.call] = 'no valid start/end stamps'
+                continue
+            try:
+                skill = profile.skill(record.skill).name
+            except ProfileError:
+                skipped[record.call] = f'skill {record.skill!r} is not in profile {profile.name}'
+                continue
+            args = _parse_args(profile, record.call)
+            if args is None:
+                skipped[record.call] = 'the call does not parse with the profile grammar'
+                continue
+            samples.setdefault(skill, []).append((args, end - start))
+    return samples, skipped
+
+
+def _x(model: ParametricTime, args: dict[str, Any]) -> float:
+    """The model's argument value of one call (largest |value| of its named arguments)."""
+    values = [abs(float(v)) for name in model.argument.split(',')
+              if isinstance(v := args.get(name.strip()), (int, float))
+              and not isinstance(v, bool)]
+    return max(values) if values else 0.0
+
+
+def _rel_error(fitted: Any, reference: Any, samples: list[Sample]) -> float | None:
+    errors = []
+    for args, _ in samples:
+        ref = reference.mean_s(args)
+        if ref <= 0:
+            return None
+        errors.append(abs(fitted.mean_s(args) - ref) / ref)
+    return float(np.mean(errors)) if errors else None
+
+
+def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | str | Path,
+                reference: RobotProfile | str | Path | None = None
+                ) -> tuple[RobotProfile, FitReport]:
+    """Refit the execution-time models of a profile from recorded skill executions.
+
+    Args:
+        bags: LRTrace bags (paths or already read).
+        profile: the profile to update (object, bundled name or YAML path).
+        reference: the profile ``rel_error`` compares with (default: ``profile`` as given).
+
+    Returns:
+        The updated profile (skills without samples unchanged) and the report.
+
+    Raises:
+        TraceFormatError: a bag cannot be read, or no bag holds a sample of this profile.
+        ProfileError: unknown profile.
+    """
+    base = profile if isinstance(profile, RobotProfile) else load_profile(profile)
+    ref = reference if isinstance(reference, RobotProfile) else (
+        load_profile(reference) if reference is not None else base)
+    read = [b if isinstance(b, TraceBag) else read_bag(b) for b in bags]
+    names = [str(b.path) for b in read]
+    samples, skipped = collect_samples(read, base)
+    if not samples:
+        raise TraceFormatError(f'no successful skill execution of profile {base.name!r} in '
+                               f'{", ".join(names)}')
+    sources = sorted({b.source for b in read if b.source})
+    origin = f'{", ".join(names)}' + (f' (recorded: {"; ".join(sources)})' if sources else '')
+    report = FitReport(profile=base.name, bags=names, skipped=skipped)
+    skills = []
+    for skill in base.skills:
+        data = samples.get(skill.name)
+        if not data:
+            skills.append(skill)
+            continue
+        seconds = [s for _, s in data]
+        current = skill.exec_time
+        source = f'fitted by lrtrace fit from {origin}, {len(data)} samples'
+        if isinstance(current, ParametricTime):
+            degree = len(current.coefficients) - 1
+            xs = [_x(current, args) for args, _ in data]
+            if len(set(xs)) <= degree:
+                report.skipped[skill.name] = (f'{len(set(xs))} distinct {current.argument} '
+                                              f'values cannot fit degree {degree}; kept')
+                skills.append(skill)
+                continue
+            fitted: Any = fit_parametric(xs, seconds, current.argument, source, degree=degree)
+            fitted = fitted.model_copy(update={'floor_s': current.floor_s})
+        elif current.kind == 'sampled':
+            fitted = fit_sampled(seconds, source)
+        else:
+            fitted = fit_constant(seconds, source)
+        reference_model = ref.skill(skill.name).exec_time if skill.name in ref.skill_index \
+            else current
+        report.skills[skill.name] = SkillFit(
+            skill=skill.name, model=fitted.model_dump(mode='json', exclude_none=True),
+            samples=len(data), rel_error=_rel_error(fitted, reference_model, data))
+        skills.append(skill.model_copy(update={'exec_time': fitted}))
+    fitted_names = ', '.join(report.skills)
+    provenance = (f'{fitted_names} fitted by lrtrace fit from {origin}, {report.samples} '
+                  f'samples in all.')
+    if len(report.skills) < len(base.skills):
+        provenance += f' Other skills as before: {base.exec_time_provenance}'
+    data = base.model_dump(mode='json', exclude_none=True)
+    data['skills'] = [s.model_dump(mode='json', exclude_none=True) for s in skills]
+    data['exec_time_provenance'] = provenance
+    return RobotProfile.model_validate(data), report
+
+
+def write_profile(profile: RobotProfile, path: str | Path) -> Path:
+    """Write a profile as YAML that :func:`~timelyllm_ros.profiles.load_profile` reads back.
+
+    Raises:
+        ProfileError: the file cannot be written.
+    """
+    path = Path(path)
+    data = profile.model_dump(mode='json', exclude_none=True)
+    text = (f'# Robot profile {profile.name}, written by lrtrace fit.\n'
+            + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=99))
+    try:
+        path.write_text(text, encoding='utf-8')
+    except OSError as err:
+        raise ProfileError(f'{path}: cannot write profile: {err.strerror}') from None
+    return path

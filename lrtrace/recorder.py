@@ -1,0 +1,371 @@
+"""Record LRTrace bags: rosbag2 directories in MCAP storage, written through rosbags.
+
+:class:`TraceRecorder` is a context-manager writer (STYLE.md habit 17): it refuses to overwrite
+an existing path, writes the :data:`~lrtrace.format.VERSION_LATEST` header message first and
+stores one message per task, segment, segment execution and skill execution (see
+:mod:`lrtrace.format`).
+
+Crash safety: rosbags' MCAP writer keeps the open chunk in memory and only closes a chunk at
+1 MiB, writing it through a buffered file. The recorder closes the chunk itself as soon as it
+holds ``chunk_size`` bytes and flushes the file (optionally ``fsync``) after every chunk, so a
+recorder killed with SIGKILL leaves an ``.mcap`` file that is readable up to its last closed
+chunk. Such a file has no summary section, no footer and no ``metadata.yaml``;
+:mod:`lrtrace.reader` falls back to streaming it record by record.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from rosbags.interfaces import Connection
+from rosbags.rosbag2 import StoragePlugin, Writer, WriterError
+from rosbags.rosbag2.enums import CompressionMode
+from rosbags.rosbag2.storage_mcap import McapWriter
+
+from lrtrace import format as fmt
+from timelyllm_ros.errors import TraceFormatError
+from timelyllm_ros.execution import MeasuredTimes
+from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.request import Generation, Segment, TaskSpec
+from timelyllm_ros.robots.backend import SkillRecord
+from timelyllm_ros.segmenter import SkillCall, segment_text
+
+__all__ = ['DEFAULT_CHUNK_SIZE', 'TraceRecorder', 'record_simulation', 'simulation_skill_records',
+           'with_drawn_skill_times']
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 32 * 1024
+"""Bytes of messages after which a chunk is closed and flushed to disk."""
+
+PRODUCER = 'lrtrace (timelyllm_ros)'
+
+
+class _FlushingMcapWriter(McapWriter):
+    """rosbags' MCAP storage writer that closes chunks at ``chunk_size`` and flushes them."""
+
+    def __init__(self, path: Path, compression: CompressionMode, *, chunk_size: int,
+                 fsync: bool) -> None:
+        super().__init__(path, compression)
+        self.chunk_size = chunk_size
+        self.fsync = fsync
+        self.flushed_chunks = 0
+
+    def write(self, connection: Connection, timestamp: int, data: bytes | memoryview) -> None:
+        super().write(connection, timestamp, data)
+        if self.chunk.bio.tell() >= self.chunk_size:
+            self.close_chunk()
+
+    def close_chunk(self) -> None:
+        super().close_chunk()
+        self.bio.flush()
+        if self.fsync:
+            os.fsync(self.bio.fileno())
+        self.flushed_chunks += 1
+
+    def flush(self) -> None:
+        """Close the open chunk (if it holds anything) and push it to the file."""
+        if self.chunk.bio.tell():
+            self.close_chunk()
+
+
+class TraceRecorder:
+    """Writes one LRTrace bag (a rosbag2 directory in MCAP storage).
+
+    Use as a context manager, or call :meth:`open` and :meth:`close`::
+
+        with TraceRecorder('run1') as recorder:
+            recorder.record_task(generation)
+
+    Args:
+        path: the bag directory to create (must not exist).
+        chunk_size: bytes of messages after which a chunk is closed and flushed to disk; what
+            a killed recorder loses is at most the open chunk.
+        source: what is recorded, e.g. ``'simulation wid1/timelyllm/seed 0'`` or
+            ``'robot tello-01 (djitellopy)'``; stored in the header message and used in the
+            provenance of fitted profiles.
+        info: extra key/value pairs for the header (workload, policy, robot, ...).
+        fsync: also ``fsync`` after each chunk (survives a power cut, not only a kill).
+    """
+
+    def __init__(self, path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE, source: str = '',
+                 info: Mapping[str, str] | None = None, fsync: bool = False) -> None:
+        if chunk_size <= 0:
+            raise ValueError('chunk_size must be > 0')
+        self.path = Path(path)
+        self.chunk_size = chunk_size
+        self.source = source
+        self.info = dict(info or {})
+        self.fsync = fsync
+        self.counts: dict[str, int] = dict.fromkeys(fmt.TOPICS, 0)
+        self._writer: Writer | None = None
+        self._storage: _FlushingMcapWriter | None = None
+        self._connections: dict[str, Connection] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self._writer is not None
+
+    def open(self) -> None:
+        """Create the bag and write its header message.
+
+        Raises:
+            TraceFormatError: the path exists already (bags are never overwritten) or cannot
+                be created.
+        """
+        if self._writer is not None:
+            raise TraceFormatError(f'{self.path}: recorder already open')
+        if self.path.exists():
+            raise TraceFormatError(f'{self.path} exists already, not overwriting')
+        writer = Writer(self.path, version=Writer.VERSION_LATEST,
+                        storage_plugin=StoragePlugin.MCAP)
+        # The storage class is looked up on the instance: plug in the flushing writer.
+        writer.STORAGE_PLUGINS = {StoragePlugin.MCAP: functools.partial(
+            _FlushingMcapWriter, chunk_size=self.chunk_size, fsync=self.fsync)}
+        writer.set_custom_data(fmt.CUSTOM_DATA_VERSION, str(fmt.VERSION_LATEST))
+        writer.set_custom_data('lrtrace_source', self.source)
+        try:
+            writer.open()
+        except (WriterError, OSError) as err:
+            raise TraceFormatError(f'{self.path}: cannot create bag: {err}') from None
+        self._writer = writer
+        self._storage = writer.storage  # type: ignore[assignment]
+        store = fmt.typestore()
+        for topic, msgtype in fmt.TOPICS.items():
+            self._connections[topic] = writer.add_connection(topic, msgtype, typestore=store)
+        meta = fmt.message_class(fmt.TRACE_META)(
+            version=fmt.VERSION_LATEST, producer=PRODUCER, source=self.source,
+            keys=list(self.info), values=[str(v) for v in self.info.values()])
+        self._write(fmt.META_TOPIC, meta, 0)
+        self.flush()
+
+    def close(self) -> None:
+        """Write the index, the summary and ``metadata.yaml`` (idempotent)."""
+        writer, self._writer = self._writer, None
+        self._storage = None
+        if writer is not None:
+            writer.close()
+
+    def flush(self) -> None:
+        """Close the open chunk now and push it to disk."""
+        if self._storage is not None:
+            self._storage.flush()
+
+    @property
+    def flushed_chunks(self) -> int:
+        """Chunks written to the file so far."""
+        return self._storage.flushed_chunks if self._storage is not None else 0
+
+    def __enter__(self) -> TraceRecorder:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        # Keep what was recorded even when the recording code failed: close normally.
+        self.close()
+
+    # -- records --------------------------------------------------------------------------------
+    def _write(self, topic: str, msg: Any, log_time_ns: int) -> None:
+        if self._writer is None:
+            raise TraceFormatError(f'{self.path}: recorder is not open')
+        self._writer.write(self._connections[topic], log_time_ns, fmt.serialize(msg))
+        self.counts[topic] += 1
+
+    def record_task(self, generation: Generation, pieces: Sequence[str] | None = None) -> None:
+        """Record one task: request, TUF, generated text and pieces, cuts and segment times.
+
+        Args:
+            generation: the scheduler's record of the task (normally in a terminal state).
+            pieces: the generated token pieces; by default the first ``generation.tokens``
+                pieces of the request's script (what the simulated engine emitted).
+        """
+        spec = generation.spec
+        if pieces is None:
+            pieces = spec.script[:generation.tokens] if spec.script is not None else ()
+        pieces = [str(p) for p in pieces]
+        segments = generation.segments
+        text = ''.join(pieces) if pieces else ''.join(s.text for s in segments)
+        cuts: list[int] = []
+        total = 0
+        for segment in segments:
+            total += segment.tokens
+            cuts.append(total)
+        stamp = fmt.stamp
+        msg = fmt.message_class(fmt.TASK_RECORD)(
+            robot_id=spec.robot_id, task_id=spec.task_id, profile=spec.profile,
+            task_class=spec.task_class, task_type=spec.task_type, task=spec.task,
+            tuf=fmt.message_class(f'{fmt.PACKAGE}/msg/TimeUtility')(
+                ert_s=spec.tuf.ert_s, alpha=spec.tuf.alpha, beta=spec.tuf.beta),
+            arrival_stamp=stamp(spec.arrival_time), prompt_tokens=spec.prompt_tokens,
+            task_tokens=spec.task_tokens, text=text, token_pieces=pieces,
+            cut_tokens=np.array(cuts, dtype=np.uint32),
+            cut_stamps=[stamp(s.cut_time) for s in segments],
+            dispatch_stamps=[stamp(s.dispatch_time) for s in segments],
+            start_stamps=[stamp(s.start_time) for s in segments],
+            end_stamps=[stamp(s.end_time) for s in segments],
+            estimated_execution_s=np.array([s.estimated_exec_s for s in segments],
+                                           dtype=np.float64),
+            segment_texts=[s.text for s in segments],
+            segment_success=np.array([s.success for s in segments], dtype=np.bool_),
+            segment_errors=[s.error for s in segments],
+            status=generation.status.name, finish_reason=generation.finish_reason,
+            error=generation.error, suspensions=generation.suspensions,
+            preemptions=generation.preemptions, done_stamp=stamp(generation.done_time))
+        self._write(fmt.TASKS_TOPIC, msg, fmt.log_time_ns(generation.done_time,
+                                                          spec.arrival_time))
+
+    def record_segment(self, robot_id: str, task_id: str, segment: Segment) -> None:
+        """Record a dispatched segment (``Segment`` message, stamped with its cut time)."""
+        msg = fmt.message_class(fmt.SEGMENT)(
+            robot_id=robot_id, goal_id=task_id, index=segment.index, text=segment.text,
+            skills=[c.skill for c in segment.calls], is_last=segment.is_last,
+            generated_stamp=fmt.stamp(segment.cut_time),
+            estimated_execution_s=segment.estimated_exec_s)
+        self._write(fmt.SEGMENTS_TOPIC, msg, fmt.log_time_ns(segment.cut_time))
+
+    def record_segment_done(self, robot_id: str, task_id: str, index: int, start_time: float,
+                            end_time: float, success: bool = True, error: str = '') -> None:
+        """Record how a segment really ran (``SegmentDone``; float seconds in)."""
+        msg = fmt.message_class(fmt.SEGMENT_DONE)(
+            robot_id=robot_id, goal_id=task_id, index=index, start_stamp=fmt.stamp(start_time),
+            end_stamp=fmt.stamp(end_time), success=success, error=error)
+        self._write(fmt.SEGMENT_DONE_TOPIC, msg, fmt.log_time_ns(end_time, start_time))
+
+    def record_skill(self, robot_id: str, task_id: str, segment_index: int,
+                     record: SkillRecord) -> None:
+        """Record one executed skill call (``SkillExecution``; float seconds in)."""
+        msg = fmt.message_class(fmt.SKILL_EXECUTION)(
+            robot_id=robot_id, goal_id=task_id, segment_index=segment_index,
+            skill=record.skill, call=record.call, start_stamp=fmt.stamp(record.start_time),
+            end_stamp=fmt.stamp(record.end_time), success=record.success, error=record.error)
+        self._write(fmt.SKILLS_TOPIC, msg, fmt.log_time_ns(record.end_time, record.start_time))
+
+
+# -- simulations ----------------------------------------------------------------------------------
+def with_drawn_skill_times(tasks: Iterable[TaskSpec], seed: int = 0) -> list[TaskSpec]:
+    """Give each scripted task per-call durations drawn from its profile's models.
+
+    A simulated robot then executes with exactly these durations (in plan order per skill), so
+    the recorder can attribute every skill call's start and end. Tasks that already carry
+    measured skill times (the authors' workloads) are kept as they are.
+    """
+    rng = np.random.default_rng(seed)
+    out: list[TaskSpec] = []
+    for task in tasks:
+        if task.skill_times is not None or task.script is None:
+            out.append(task)
+            continue
+        profile = load_profile(task.profile)
+        drawn: list[tuple[str, float]] = []
+        for cut in segment_text(profile, ''.join(task.script)):
+            for statement in cut.statements:
+                if statement.kind == 'text':
+                    continue
+                for _ in range(statement.repeat):
+                    for call in statement.calls:
+                        model = profile.skill(call.skill).exec_time
+                        drawn.append((call.skill, model.sample_s(call.args, rng)))
+        out.append(replace(task, skill_times=tuple(drawn)) if drawn else task)
+    return out
+
+
+def _segment_calls(segment: Segment) -> list[SkillCall]:
+    calls: list[SkillCall] = []
+    for statement in segment.statements:
+        if statement.kind == 'text':
+            continue
+        for _ in range(statement.repeat):
+            calls.extend(statement.calls)
+    return calls
+
+
+def simulation_skill_records(profile: RobotProfile, generation: Generation
+                             ) -> list[tuple[int, SkillRecord]]:
+    """Per-call timings of a simulated task, as ``(segment index, SkillRecord)``.
+
+    Only tasks with recorded per-skill durations (``spec.skill_times``) can be attributed
+    call by call; segments whose calls are not all covered are left out (a simulated robot
+    draws those durations itself and never reports them). Robot jitter scales a segment's
+    calls together, as the simulated robot does.
+    """
+    spec = generation.spec
+    if not spec.skill_times:
+        return []
+    measured = MeasuredTimes(profile, spec.skill_times)
+    out: list[tuple[int, SkillRecord]] = []
+    for segment in generation.segments:
+        if math.isnan(segment.start_time) or math.isnan(segment.end_time):
+            break
+        calls = _segment_calls(segment)
+        durations = [measured.take(call.skill) for call in calls]
+        if not calls or any(d is None for d in durations):
+            continue
+        seconds = [float(d) for d in durations if d is not None]
+        span = segment.end_time - segment.start_time
+        total = sum(seconds)
+        scale = span / total if segment.success and total > 0 else 1.0
+        now = segment.start_time
+        for call, duration in zip(calls, seconds, strict=True):
+            end = now + duration * scale
+            failed = not segment.success and end >= segment.end_time
+            if failed:
+                end = segment.end_time
+            out.append((segment.index, SkillRecord(
+                skill=call.skill, call=call.text, args=dict(call.args), start_time=now,
+                end_time=end, success=not failed, error=segment.error if failed else '')))
+            now = end
+            if failed:
+                break
+    return out
+
+
+def record_simulation(result: Any, path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                      source: str = '', info: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Record every task of a :class:`~timelyllm_ros.simulation.SimulationResult` into a bag.
+
+    Per task: its ``TaskRecord``, each dispatched ``Segment``, each executed segment's
+    ``SegmentDone`` and, where the durations are known (see :func:`simulation_skill_records`),
+    one ``SkillExecution`` per skill call.
+
+    Args:
+        result: the simulation result.
+        path: the bag directory to create.
+        chunk_size: see :class:`TraceRecorder`.
+        source: what was simulated; defaults to ``simulation (<policy>)``.
+        info: extra header key/value pairs.
+
+    Returns:
+        Messages written per topic.
+
+    Raises:
+        TraceFormatError: the path exists already.
+    """
+    header = {'policy': result.policy, **(info or {})}
+    source = source or f'simulation ({result.policy}); simulated robots, not hardware'
+    with TraceRecorder(path, chunk_size=chunk_size, source=source, info=header) as recorder:
+        for generation in result.generations:
+            spec = generation.spec
+            recorder.record_task(generation)
+            for segment in generation.segments:
+                recorder.record_segment(spec.robot_id, spec.task_id, segment)
+                if not math.isnan(segment.end_time):
+                    recorder.record_segment_done(spec.robot_id, spec.task_id, segment.index,
+                                                 segment.start_time, segment.end_time,
+                                                 segment.success, segment.error)
+            profile = load_profile(spec.profile)
+            for index, record in simulation_skill_records(profile, generation):
+                recorder.record_skill(spec.robot_id, spec.task_id, index, record)
+        counts = dict(recorder.counts)
+    logger.info('recorded %d tasks into %s', counts[fmt.TASKS_TOPIC], path)
+    return counts
