@@ -29,6 +29,7 @@ setup(
         ('share/' + package_name + '/launch', glob('launch/*.launch.py')),
         ('share/' + package_name + '/msg', glob('msg/*.msg')),
         ('share/' + package_name + '/action', glob('action/*.action')),
+        ('lib/' + package_name, glob('scripts/*')),
     ],
     install_requires=[
         'numpy>=1.26,<3',

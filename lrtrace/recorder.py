@@ -227,12 +227,19 @@ class TraceRecorder:
 
     def record_segment(self, robot_id: str, task_id: str, segment: Segment) -> None:
         """Record a dispatched segment (``Segment`` message, stamped with its cut time)."""
+        self.record_segment_fields(robot_id, task_id, segment.index, segment.text,
+                                   [c.skill for c in segment.calls], segment.is_last,
+                                   segment.cut_time, segment.estimated_exec_s)
+
+    def record_segment_fields(self, robot_id: str, task_id: str, index: int, text: str,
+                              skills: Sequence[str], is_last: bool, generated_time: float,
+                              estimated_exec_s: float) -> None:
+        """Record a segment given field by field (as the ROS ``segments`` topic carries it)."""
         msg = fmt.message_class(fmt.SEGMENT)(
-            robot_id=robot_id, goal_id=task_id, index=segment.index, text=segment.text,
-            skills=[c.skill for c in segment.calls], is_last=segment.is_last,
-            generated_stamp=fmt.stamp(segment.cut_time),
-            estimated_execution_s=segment.estimated_exec_s)
-        self._write(fmt.SEGMENTS_TOPIC, msg, fmt.log_time_ns(segment.cut_time))
+            robot_id=robot_id, goal_id=task_id, index=index, text=text, skills=list(skills),
+            is_last=is_last, generated_stamp=fmt.stamp(generated_time),
+            estimated_execution_s=estimated_exec_s)
+        self._write(fmt.SEGMENTS_TOPIC, msg, fmt.log_time_ns(generated_time))
 
     def record_segment_done(self, robot_id: str, task_id: str, index: int, start_time: float,
                             end_time: float, success: bool = True, error: str = '') -> None:

@@ -46,3 +46,13 @@ class WallClock:
 
     def elapse(self, duration_s: float) -> None:
         """Real work already took its time: nothing to do."""
+
+
+class SystemClock:
+    """Seconds since the Unix epoch (the ROS system clock), for stamps shared between nodes."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def elapse(self, duration_s: float) -> None:
+        """Real work already took its time: nothing to do."""

@@ -159,6 +159,19 @@ class Scheduler:
         self._maybe_finished(generation)
         return generation
 
+    def forget(self, task_id: str) -> Generation:
+        """Drop an ended task's record (long-running services call this once reported).
+
+        Raises:
+            GoalError: unknown task, or a task that has not ended.
+        """
+        generation = self._get(task_id)
+        if not generation.status.terminal:
+            raise GoalError(f'task {task_id!r} has not ended ({generation.status.name})')
+        del self.generations[task_id]
+        self._segmenters.pop(task_id, None)
+        return generation
+
     # -- the loop ---------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:

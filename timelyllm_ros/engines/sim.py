@@ -13,6 +13,7 @@ that kind prefill only their task line, and the prefix's KV blocks are counted o
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, StepResult
@@ -39,6 +40,7 @@ class SimulatedEngine(Engine):
         max_num_seqs: int | None = None,
         fail_at_step: int | None = None,
         prefix_caching: bool = True,
+        realtime: bool = False,
     ) -> None:
         """Args:
             calibration: latency model; the bundled Llama3-8B / RTX 4090 one by default.
@@ -46,6 +48,8 @@ class SimulatedEngine(Engine):
             max_num_seqs: batch cap (default: the calibration's).
             fail_at_step: raise :class:`EngineError` at this iteration (failure injection).
             prefix_caching: share the KV of prompt prefixes across requests.
+            realtime: sleep for each iteration's duration, so that the simulator can stand in
+                for a real engine behind live nodes on a wall clock.
         """
         self.calibration = calibration or load_calibration()
         cal = self.calibration
@@ -60,6 +64,7 @@ class SimulatedEngine(Engine):
         self._generations: dict[str, _Generation] = {}
         self._running: dict[str, None] = {}
         self.prefix_caching = prefix_caching
+        self.realtime = realtime
         self._cached_prefixes: set[str] = set()
         self.prefix_hits = 0
         self.prefix_misses = 0
@@ -197,6 +202,8 @@ class SimulatedEngine(Engine):
         for request_id in finished:
             self._running.pop(request_id, None)
         self.busy_s += duration
+        if self.realtime:
+            time.sleep(duration)
         return StepResult(
             duration_s=duration, tokens=tokens, finished=finished, preempted=tuple(preempted),
             prefill_tokens=new_tokens, batch_size=batch_size,

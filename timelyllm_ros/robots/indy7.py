@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -93,6 +94,13 @@ class _DeadlineStub:
         if not callable(method):
             return method
         return functools.partial(method, timeout=self._timeout_s)
+
+
+def derived_pose(name: str) -> list[float]:
+    """A reachable task pose ``[x, y, z, rx, ry, rz]`` derived from an object's name."""
+    code = zlib.crc32(name.encode())
+    return [300.0 + code % 300, -300.0 + (code >> 9) % 600, 150.0 + (code >> 19) % 200,
+            180.0, 0.0, 180.0]
 
 
 def resolve_ports(port: int | Mapping[str, int] | None, index: int = 0) -> dict[str, int]:
@@ -175,13 +183,16 @@ class Indy7Backend(RobotBackend):
         gripper_wait_s: Wait after switching the gripper output (the gripper has no feedback).
         poll_interval_s: Motion-state polling period.
         start_grace_s: How long a just-sent motion may stay invisible in the motion data.
+        derive_unknown_poses: Give an object with no taught pose a reachable pose derived from
+            its name (emulated cells, where there is no camera); off for real arms.
     """
 
     def __init__(self, profile: RobotProfile, host: str = '127.0.0.1',
                  port: int | Mapping[str, int] | None = None, motion_timeout_s: float = 30.0,
                  poses: Mapping[str, Sequence[float]] | None = None, gripper_do_index: int = 0,
                  *, index: int = 0, rpc_timeout_s: float = 2.0, gripper_wait_s: float = 0.5,
-                 poll_interval_s: float = 0.02, start_grace_s: float = 0.3) -> None:
+                 poll_interval_s: float = 0.02, start_grace_s: float = 0.3,
+                 derive_unknown_poses: bool = False) -> None:
         if index not in (0, 1):
             raise ValueError('index must be 0 or 1')
         for name, value in (('motion_timeout_s', motion_timeout_s),
@@ -200,6 +211,7 @@ class Indy7Backend(RobotBackend):
                 raise ValueError(f'pose {name!r} must be 6 finite numbers '
                                  f'[x, y, z, rx, ry, rz], got {list(pose)!r}')
             self.poses[name] = values
+        self.derive_unknown_poses = derive_unknown_poses
         self.profile = profile
         self.host = host
         self.port = port
@@ -295,6 +307,8 @@ class Indy7Backend(RobotBackend):
 
     def _pose(self, call: SkillCall, name: object) -> list[float]:
         pose = self.poses.get(str(name))
+        if pose is None and self.derive_unknown_poses:
+            pose = self.poses[str(name)] = derived_pose(str(name))
         if pose is None:
             known = ', '.join(sorted(self.poses)) or 'none'
             raise RobotError(f'{call.text}: unknown object {str(name)!r} (no taught pose; '
@@ -320,11 +334,14 @@ class Indy7Backend(RobotBackend):
     def _do_release(self, call: SkillCall) -> None:
         self._gripper(call, False)
 
+    def _knows(self, name: object) -> bool:
+        return self.derive_unknown_poses or str(name) in self.poses
+
     def _do_detect(self, call: SkillCall) -> bool:
-        return str(call.args['object']) in self.poses
+        return self._knows(call.args['object'])
 
     def _do_check(self, call: SkillCall) -> bool:
-        return str(call.args['object']) in self.poses
+        return self._knows(call.args['object'])
 
     # -- client calls ----------------------------------------------------------------------
 

@@ -1,0 +1,53 @@
+"""A simulated (or emulated, or real) fleet: one planner, N drones, M arms, optional recorder.
+
+    ros2 launch timelyllm_ros fleet.launch.py drones:=3 arms:=1 backend:=sim engine:=sim \
+        policy:=timelyllm record:=true bag:=/tmp/fleet_bag
+
+Each controller runs in its own namespace (``drone_0``, ``arm_0``, …): send it a task with
+``ros2 topic pub --once /drone_0/task std_msgs/msg/String "{data: 'find the cat'}"``.
+"""
+
+from launch import LaunchDescription
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.conditions import IfCondition
+from launch.substitutions import LaunchConfiguration
+from launch_ros.actions import Node
+
+
+def _controllers(context, *args, **kwargs):
+    backend = LaunchConfiguration('backend').perform(context)
+    nodes = []
+    for kind, executable, count in (('drone', 'drone_controller', 'drones'),
+                                    ('arm', 'arm_controller', 'arms')):
+        for i in range(int(LaunchConfiguration(count).perform(context))):
+            name = f'{kind}_{i}'
+            nodes.append(Node(
+                package='timelyllm_ros', executable=executable, namespace=name,
+                name='controller', output='screen',
+                parameters=[{'robot_id': name, 'backend': backend}]))
+    return nodes
+
+
+def generate_launch_description():
+    return LaunchDescription([
+        DeclareLaunchArgument('drones', default_value='3', description='drone controllers'),
+        DeclareLaunchArgument('arms', default_value='1', description='arm controllers'),
+        DeclareLaunchArgument('backend', default_value='sim',
+                              description='robot backend: sim | emulator | real'),
+        DeclareLaunchArgument('engine', default_value='sim', description='LLM engine'),
+        DeclareLaunchArgument('policy', default_value='timelyllm',
+                              description='scheduling policy'),
+        DeclareLaunchArgument('max_batch', default_value='0', description='0 = engine limit'),
+        DeclareLaunchArgument('record', default_value='false',
+                              description='start the LRTrace recorder'),
+        DeclareLaunchArgument('bag', default_value='fleet_bag',
+                              description='bag directory of the recorder'),
+        Node(package='timelyllm_ros', executable='planner', name='planner', output='screen',
+             parameters=[{'engine': LaunchConfiguration('engine'),
+                          'policy': LaunchConfiguration('policy'),
+                          'max_batch': LaunchConfiguration('max_batch')}]),
+        OpaqueFunction(function=_controllers),
+        Node(package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
+             output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],
+             condition=IfCondition(LaunchConfiguration('record'))),
+    ])

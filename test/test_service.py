@@ -1,0 +1,134 @@
+"""The live planner service: goals in from any thread, segments and ends out, on a wall clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from timelyllm_ros.errors import GoalError, TufError
+from timelyllm_ros.service import PlanGoal, PlannerService, script_for
+from timelyllm_ros.tuf import Tuf
+
+CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
+
+
+class Recorder:
+    """Collects a goal's events; `ended` is set when its end listener runs."""
+
+    def __init__(self) -> None:
+        self.segments: list = []
+        self.ended = threading.Event()
+        self.generation = None
+
+    def on_segment(self, generation, segment) -> None:
+        self.segments.append((time.monotonic(), segment))
+
+    def on_end(self, generation) -> None:
+        self.generation = generation
+        self.ended.set()
+
+
+def wait_for(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def service():
+    with PlannerService.create() as running:
+        yield running
+
+
+def report_all(service: PlannerService, goal_id: str, recorder: Recorder, done: set) -> None:
+    for _, segment in recorder.segments:
+        if segment.index not in done:
+            done.add(segment.index)
+            now = service.now()
+            service.report_segment(goal_id, segment.index, now, now + 0.01)
+
+
+def test_a_goal_streams_its_segments_then_ends_when_executed(service):
+    recorder = Recorder()
+    goal_id = service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment,
+                             recorder.on_end)
+    wait_for(lambda: len(recorder.segments) == 2)
+    assert [s.text.lstrip(';') for _, s in recorder.segments] == [
+        "s('cat')", "?iv('cat')==True{g('cat')}"]
+    assert not recorder.ended.is_set()          # the robot has not executed anything yet
+    done: set = set()
+    wait_for(lambda: (report_all(service, goal_id, recorder, done), recorder.ended.is_set())[1])
+    generation = recorder.generation
+    assert generation.status.name == 'FINISHED' and generation.task_id == goal_id
+    assert goal_id not in service.scheduler.generations   # forgotten once reported
+
+
+def test_bad_goals_are_refused_at_once_with_the_reason(service):
+    with pytest.raises(GoalError, match='unknown robot kind'):
+        service.submit(PlanGoal('x', 'submarine', 'dive'), print, print)
+    with pytest.raises(GoalError, match='empty'):
+        service.submit(PlanGoal('x', 'tello', '   '), print, print)
+    with pytest.raises(GoalError, match='no robot id'):
+        service.submit(PlanGoal(' ', 'tello', 'go'), print, print)
+    with pytest.raises(TufError):
+        service.submit(PlanGoal('x', 'tello', 'go', urgency='someday'), print, print)
+    with pytest.raises(TufError):
+        service.submit(PlanGoal('x', 'tello', 'go', tuf=Tuf(1.0, 1.0, 1.0)), print, print)
+
+
+def test_cancel_ends_the_goal_and_frees_the_engine(service):
+    recorder = Recorder()
+    goal_id = service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment,
+                             recorder.on_end)
+    wait_for(lambda: len(recorder.segments) >= 1)
+    service.cancel(goal_id)
+    assert recorder.ended.wait(2.0)
+    assert recorder.generation.status.name == 'CANCELLED'
+    wait_for(lambda: goal_id not in service.scheduler.engine.running)
+
+
+def test_robot_failure_fails_the_goal(service):
+    recorder = Recorder()
+    goal_id = service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment,
+                             recorder.on_end)
+    wait_for(lambda: len(recorder.segments) >= 1)
+    now = service.now()
+    service.report_segment(goal_id, 0, now, now, success=False, error='motor stalled')
+    assert recorder.ended.wait(2.0)
+    assert recorder.generation.status.name == 'FAILED'
+    assert 'motor stalled' in recorder.generation.error
+
+
+def test_urgent_goal_is_served_before_queued_normal_ones(service):
+    normal = [Recorder() for _ in range(6)]
+    for i, recorder in enumerate(normal):
+        service.submit(PlanGoal(f'drone_{i}', 'tello', CAT), recorder.on_segment,
+                       recorder.on_end)
+    urgent = Recorder()
+    service.submit(PlanGoal('drone_9', 'tello', 'a dog is chasing me', urgency='urgent'),
+                   urgent.on_segment, urgent.on_end)
+    wait_for(lambda: urgent.segments and all(r.segments for r in normal))
+    first_urgent = urgent.segments[0][0]
+    assert sum(r.segments[0][0] < first_urgent for r in normal) < len(normal)
+
+
+def test_script_for_prefers_the_matching_trace_then_the_class():
+    assert script_for(PlanGoal('d', 'tello', CAT), 'normal').task_type == 'T1'
+    urgent = script_for(PlanGoal('d', 'tello', 'unseen emergency'), 'urgent')
+    assert urgent.task_type in {'T6', 'T7', 'T8'}
+    with pytest.raises(GoalError, match='no recorded plan'):
+        script_for(PlanGoal('d', 'rover', 'go'), 'normal')
+
+
+def test_state_reports_queue_and_priorities(service):
+    recorders = [Recorder() for _ in range(3)]
+    for i, recorder in enumerate(recorders):
+        service.submit(PlanGoal(f'drone_{i}', 'tello', CAT), recorder.on_segment,
+                       recorder.on_end)
+    wait_for(lambda: all(r.segments for r in recorders))
+    state = service.state()
+    assert state.time > 0 and state.queued + state.running <= 3
+    assert all(isinstance(v, float) for v in state.priorities.values())

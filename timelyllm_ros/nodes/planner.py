@@ -1,0 +1,138 @@
+"""planner node: the PlanTask action server over one scheduler + engine (PlannerService).
+
+Goals are validated at goal time (bad ones are rejected, the reason logged and published on
+``plan_rejections``); each accepted goal streams its segments as feedback the moment they are
+cut (and on ``segments``); ``segment_done`` reports from robots correct the completion
+estimates; a cancel drops the generation and frees its memory; ``scheduler_state`` is
+published for observability.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import rclpy
+from builtin_interfaces.msg import Time
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import String
+
+from timelyllm_ros.action import PlanTask
+from timelyllm_ros.errors import TimelyError
+from timelyllm_ros.msg import SchedulerState, Segment, SegmentDone
+from timelyllm_ros.nodes import _convert
+from timelyllm_ros.service import PlannerService
+
+
+class PlannerNode(Node):
+    """Wires the PlanTask action, topics and parameters to a PlannerService."""
+
+    def __init__(self) -> None:
+        super().__init__('planner')
+        self.declare_parameter('engine', 'sim')
+        self.declare_parameter('model', '')
+        self.declare_parameter('policy', 'timelyllm')
+        self.declare_parameter('profiles_dir', '')
+        self.declare_parameter('max_batch', 0)
+        self.declare_parameter('calibration', '')
+        self.declare_parameter('comm_s', 0.008)
+        self.declare_parameter('state_period_s', 0.2)
+        param = self.get_parameter
+        self.service = PlannerService.create(
+            policy=param('policy').value, engine=param('engine').value,
+            calibration=param('calibration').value or None,
+            max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
+            profiles_dir=param('profiles_dir').value or None)
+        self.origin_s = time.time() - self.service.now()
+        group = ReentrantCallbackGroup()
+        self.segments_pub = self.create_publisher(Segment, 'segments', 50)
+        self.state_pub = self.create_publisher(SchedulerState, 'scheduler_state', 10)
+        self.rejections_pub = self.create_publisher(String, 'plan_rejections', 10)
+        self.create_subscription(SegmentDone, 'segment_done', self.segment_done_callback, 50,
+                                 callback_group=group)
+        self.create_timer(param('state_period_s').value, self.publish_state,
+                          callback_group=group)
+        self.action_server = ActionServer(
+            self, PlanTask, 'plan', execute_callback=self.execute_callback,
+            goal_callback=self.goal_callback, cancel_callback=self.cancel_callback,
+            callback_group=group)
+        self.service.start()
+        self.get_logger().info(
+            f"planner ready: engine {param('engine').value}, policy {param('policy').value}")
+
+    def goal_callback(self, goal: PlanTask.Goal) -> GoalResponse:
+        """Reject bad goals now, with the reason logged and published."""
+        try:
+            self.service.make_spec(_convert.goal_from_msg(goal))
+        except TimelyError as err:
+            reason = f'{goal.robot_id}: rejected: {err}'
+            self.get_logger().warning(reason)
+            self.rejections_pub.publish(String(data=reason))
+            return GoalResponse.REJECT
+        return GoalResponse.ACCEPT
+
+    def cancel_callback(self, goal_handle: object) -> CancelResponse:
+        return CancelResponse.ACCEPT
+
+    def execute_callback(self, goal_handle):  # type: ignore[no-untyped-def]
+        """Stream the goal's segments as feedback until it ends."""
+        events: queue.Queue = queue.Queue()
+        try:
+            task_id = self.service.submit(
+                _convert.goal_from_msg(goal_handle.request),
+                on_segment=lambda g, s: events.put(('segment', g, s)),
+                on_end=lambda g: events.put(('end', g, None)))
+        except TimelyError as err:
+            goal_handle.abort()
+            return PlanTask.Result(success=False, error=str(err))
+        while True:
+            if goal_handle.is_cancel_requested:
+                self.service.cancel(task_id)
+            try:
+                kind, generation, segment = events.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if kind == 'segment':
+                msg = _convert.segment_to_msg(generation, segment, self.origin_s, Segment, Time)
+                self.segments_pub.publish(msg)
+                goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
+                continue
+            result = PlanTask.Result(**_convert.result_fields(generation))
+            if goal_handle.is_cancel_requested:
+                goal_handle.canceled()
+            elif result.success:
+                goal_handle.succeed()
+            else:
+                goal_handle.abort()
+            return result
+
+    def segment_done_callback(self, msg: SegmentDone) -> None:
+        task_id, index, start, end, success, error = _convert.segment_done_from_msg(
+            msg, self.origin_s)
+        self.service.report_segment(task_id, index, start, end, success, error)
+
+    def publish_state(self) -> None:
+        state = self.service.state()
+        self.state_pub.publish(SchedulerState(
+            stamp=_convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
+            running=state.running, batch_size=state.last_batch_size,
+            goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
+
+    def destroy_node(self) -> None:
+        self.service.stop()
+        super().destroy_node()
+
+
+def main(args: list[str] | None = None) -> None:
+    rclpy.init(args=args)
+    node = PlannerNode()
+    try:
+        rclpy.spin(node, executor=MultiThreadedExecutor())
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown()
