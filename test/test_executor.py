@@ -146,6 +146,52 @@ def test_nested_conditional_inside_loop(tello):
         'tc(90)', "iv('keys')", "l('found the keys')", 'tp()'] * 4
 
 
+def test_nested_loop_inside_conditional_inside_loop(tello):
+    plan = "2{?iv('cat')==True{3{tc(30)};l('x')};mf(20)}"
+    result, _, _ = run(tello, plan)
+    assert [r.call for r in result.skills] == (
+        ["iv('cat')", 'tc(30)', 'tc(30)', 'tc(30)', "l('x')", 'mf(20)'] * 2)
+    result, _, _ = run(tello, plan, perception={'iv': False})
+    assert [r.call for r in result.skills] == ["iv('cat')", 'mf(20)'] * 2
+
+
+def test_the_executor_walks_the_tree_not_the_text(tello):
+    # the text is never read again: a tree under an unrelated text runs as the tree says
+    (parsed,) = statements(tello, "3{?iv('cat')<2{tp()}}")
+    renamed = Statement('anything', parsed.calls, kind='loop', repeat=2, body=parsed.body)
+    seg = Segment(0, 'anything', (renamed,), 0.0, 0.0, 0.0, 0)
+    clock = SimClock()
+    backend = SimulatedBackend(tello, clock, perception={'iv': 1})
+    result = SkillExecutor(backend, clock).execute(seg)
+    assert result.success
+    assert [r.call for r in result.skills] == ["iv('cat')", 'tp()'] * 2
+
+
+def _hand_built(tello: RobotProfile, statement: Statement,
+                **backend_kwargs: object) -> list[str]:
+    seg = Segment(0, statement.text, (statement,), 0.0, 0.0, 0.0, 0)
+    clock = SimClock()
+    backend = SimulatedBackend(tello, clock, **backend_kwargs)  # type: ignore[arg-type]
+    result = SkillExecutor(backend, clock).execute(seg)
+    assert result.success, result.error
+    return [r.call for r in result.skills]
+
+
+def test_hand_built_statements_without_a_body_run_their_flat_calls(tello):
+    iv = SkillCall('is_visible', 'iv', {'object': 'cat'}, "iv('cat')")
+    tp = SkillCall('take_picture', 'tp', {}, 'tp()')
+    mf = SkillCall('move_forward', 'mf', {'distance': 20}, 'mf(20)')
+    assert _hand_built(tello, Statement('mf(20);tp()', (mf, tp))) == ['mf(20)', 'tp()']
+    loop = Statement('2{mf(20);tp()}', (mf, tp), kind='loop', repeat=2)
+    assert _hand_built(tello, loop) == ['mf(20)', 'tp()'] * 2
+    conditional = Statement("?iv('cat')==True{tp()}", (iv, tp), kind='conditional',
+                            condition_op='==', condition_value=True)
+    assert _hand_built(tello, conditional) == ["iv('cat')", 'tp()']
+    assert _hand_built(tello, conditional, perception={'iv': False}) == ["iv('cat')"]
+    text = Statement('Hello there.', (), kind='text')
+    assert _hand_built(tello, text) == []
+
+
 def test_condition_that_cannot_be_compared_fails_the_segment(tello):
     result, _, _ = run(tello, "?od('cat')<100{g('cat')};ld()", perception={'od': 'far'})
     assert not result.success

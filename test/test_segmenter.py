@@ -8,7 +8,7 @@ import pytest
 
 from timelyllm_ros.errors import SegmentationError
 from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import Cut, Segmenter, segment_pieces, segment_text
+from timelyllm_ros.segmenter import Cut, Segmenter, Statement, segment_pieces, segment_text
 
 _CONST = {'kind': 'constant', 'seconds': 1.0}
 
@@ -245,6 +245,71 @@ def test_nested_loop_and_conditional():
     assert loop.calls[3].args == {'text': 'seen'}
     cut = seg.feed(';mf(50)')
     assert cut is not None and texts(cut) == ['mf(50)']
+
+
+def _shape(statement: Statement) -> tuple:
+    """A statement tree as nested tuples: (kind, text, repeat, condition text, op, value, body)."""
+    condition = statement.condition.text if statement.condition is not None else None
+    return (statement.kind, statement.text, statement.repeat, condition, statement.condition_op,
+            statement.condition_value, tuple(_shape(child) for child in statement.body))
+
+
+def _only_statement(text: str) -> Statement:
+    cuts, seg = feed_all(drone_profile(), [text])
+    assert seg.rejected == []
+    (statement,) = [s for cut in cuts for s in cut.statements]
+    return statement
+
+
+def test_nested_loop_and_conditional_tree():
+    text = "3{tc(90);?iv('cat'){2{tp()};l('seen')}}"
+    loop = _only_statement(text)
+    assert _shape(loop) == ('loop', text, 3, None, None, None, (
+        ('skill', 'tc(90)', 1, None, None, None, ()),
+        ('conditional', "?iv('cat'){2{tp()};l('seen')}", 1, "iv('cat')", None, None, (
+            ('loop', '2{tp()}', 2, None, None, None, (
+                ('skill', 'tp()', 1, None, None, None, ()),
+            )),
+            ('skill', "l('seen')", 1, None, None, None, ()),
+        )),
+    ))
+    conditional = loop.body[1]
+    assert conditional.condition is conditional.calls[0]
+    assert conditional.condition.args == {'object': 'cat'}
+    assert [c.short for c in conditional.calls] == ['iv', 'tp', 'l']
+    assert [c.short for c in conditional.body[0].calls] == ['tp']
+
+
+def test_nested_conditionals_keep_their_own_comparison():
+    text = "?iv('cat')==True{?iv('dog')!=False{g('dog');tp()};mf(50)}"
+    outer = _only_statement(text)
+    assert _shape(outer) == ('conditional', text, 1, "iv('cat')", '==', True, (
+        ('conditional', "?iv('dog')!=False{g('dog');tp()}", 1, "iv('dog')", '!=', False, (
+            ('skill', "g('dog')", 1, None, None, None, ()),
+            ('skill', 'tp()', 1, None, None, None, ()),
+        )),
+        ('skill', 'mf(50)', 1, None, None, None, ()),
+    ))
+    assert [c.text for c in outer.calls] == ["iv('cat')", "iv('dog')", "g('dog')", 'tp()',
+                                             'mf(50)']
+
+
+def test_multiline_body_tree_texts_are_stripped():
+    text = "4{\n  tc(90)\n  ?iv('keys') == 3 {\n    l('x')\n  }\n}"
+    loop = _only_statement(text)
+    assert loop.text == text and loop.repeat == 4
+    turn, check = loop.body
+    assert (turn.kind, turn.text) == ('skill', 'tc(90)')
+    assert check.text == "?iv('keys') == 3 {\n    l('x')\n  }"
+    assert (check.condition_op, check.condition_value) == ('==', 3)
+    assert [child.text for child in check.body] == ["l('x')"]
+
+
+def test_flat_statements_have_no_tree():
+    statement = _only_statement('mf(50)')
+    assert statement.kind == 'skill' and statement.body == () and statement.condition is None
+    hand_built = Statement('mf(50)', statement.calls)
+    assert hand_built.body == () and hand_built.condition is None and hand_built.executable
 
 
 @pytest.mark.parametrize(('text', 'error'), [

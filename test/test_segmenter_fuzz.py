@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import Cut, Segmenter
+from timelyllm_ros.segmenter import Cut, Segmenter, Statement
 
 _CONST = {'kind': 'constant', 'seconds': 1.0}
 _SETTINGS = settings(max_examples=150, deadline=None,
@@ -85,6 +85,35 @@ def _check_call_valid(profile: RobotProfile, call) -> None:
             assert arg.max is None or value <= arg.max
 
 
+def _check_tree(statement: Statement) -> None:
+    """The tree of a parsed statement agrees with its flat calls and its text, at every level."""
+    assert statement.error is None and statement.text == statement.text.strip()
+    if statement.kind == 'text':
+        assert statement.calls == () and statement.body == ()
+        return
+    nested = tuple(call for child in statement.body for call in child.calls)
+    if statement.kind == 'skill':
+        assert len(statement.calls) == 1 and statement.body == () and statement.condition is None
+        assert statement.text == statement.calls[0].text
+    elif statement.kind == 'loop':
+        assert statement.body and statement.calls == nested and statement.repeat >= 1
+        assert statement.condition is None and statement.condition_op is None
+    else:
+        assert statement.body and statement.repeat == 1
+        assert statement.condition is not None
+        assert statement.calls == (statement.condition, *nested)
+    position = 0
+    for child in statement.body:
+        position = statement.text.index(child.text, position) + len(child.text)
+        _check_tree(child)
+
+
+def _shape(statement: Statement) -> tuple:
+    """A statement tree as nested (text, kind, repeat, children) tuples."""
+    return (statement.text, statement.kind, statement.repeat,
+            tuple(_shape(child) for child in statement.body))
+
+
 def _check_structure(profile: RobotProfile, text: str, cuts: list[Cut], seg: Segmenter) -> None:
     assert cuts[-1].final and not any(c.final for c in cuts[:-1])
     assert ''.join(c.text for c in cuts) == text == seg.text
@@ -98,6 +127,7 @@ def _check_structure(profile: RobotProfile, text: str, cuts: list[Cut], seg: Seg
             assert statement.error is None and statement.executable
             for call in statement.calls:
                 _check_call_valid(profile, call)
+            _check_tree(statement)
         for bad in cut.rejected:
             assert bad.error and not bad.executable
     assert [s for c in cuts for s in c.rejected] == seg.rejected
@@ -197,34 +227,36 @@ def _call(draw) -> tuple[str, tuple[str, dict]]:
 
 
 def _statement(depth: int):
-    simple = _call().map(lambda c: (c[0], 'skill', 1, [c[1]]))
+    simple = _call().map(lambda c: (c[0], 'skill', 1, [c[1]], (c[0], 'skill', 1, ())))
     if depth == 0:
         return simple
     return st.one_of(simple, _conditional(depth), _loop(depth))
 
 
 @st.composite
-def _body(draw, depth: int) -> tuple[str, list]:
+def _body(draw, depth: int) -> tuple[str, list, tuple]:
     items = draw(st.lists(_statement(depth - 1), min_size=1, max_size=3))
     sep = draw(st.sampled_from([';', '; ', ';\n  ', '\n']))
     trailing = draw(st.sampled_from(['', ';']))
     text = '{' + draw(st.sampled_from(['', '\n '])) + sep.join(i[0] for i in items) + trailing
-    return text + '}', [call for i in items for call in i[3]]
+    return text + '}', [call for i in items for call in i[3]], tuple(i[4] for i in items)
 
 
 @st.composite
 def _conditional(draw, depth: int):
     cond_text, cond_call = draw(_call())
     compare = draw(st.sampled_from(['', '==True', ' != False', '>=3', "=='yes'", '<2.5']))
-    body, calls = draw(_body(depth))
-    return f'?{cond_text}{compare}{draw(_SP)}{body}', 'conditional', 1, [cond_call, *calls]
+    body, calls, children = draw(_body(depth))
+    text = f'?{cond_text}{compare}{draw(_SP)}{body}'
+    return text, 'conditional', 1, [cond_call, *calls], (text, 'conditional', 1, children)
 
 
 @st.composite
 def _loop(draw, depth: int):
     count = draw(st.integers(1, 9))
-    body, calls = draw(_body(depth))
-    return f'{count}{draw(_SP)}{body}', 'loop', count, calls
+    body, calls, children = draw(_body(depth))
+    text = f'{count}{draw(_SP)}{body}'
+    return text, 'loop', count, calls, (text, 'loop', count, children)
 
 
 @_SETTINGS
@@ -242,3 +274,4 @@ def test_valid_plans_give_one_statement_per_top_level_statement(plan, seps, data
     assert [(s.kind, s.repeat) for s in statements] == [(item[1], item[2]) for item in plan]
     assert [[(c.skill, c.args) for c in s.calls] for s in statements] == [
         item[3] for item in plan]
+    assert [_shape(s) for s in statements] == [item[4] for item in plan]

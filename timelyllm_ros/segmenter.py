@@ -71,11 +71,12 @@ class SkillCall:
 
 @dataclass(frozen=True, slots=True)
 class Statement:
-    """One top-level statement of the output.
+    """One statement of the output: a top-level one, or one nested in a conditional or loop.
 
     Attributes:
         text: The stripped statement text.
-        calls: Every skill call in it, in order (a conditional's condition first, then its body).
+        calls: Every skill call in it, in order, nested ones included (a conditional's
+            condition first, then its body): what to validate and what the estimates count.
         error: Why the statement is malformed; ``None`` when it is valid.
         kind: ``skill`` (one call), ``conditional``, ``loop`` or ``text`` (chatbot).
         repeat: The loop count when ``kind == 'loop'``, else 1.
@@ -84,6 +85,10 @@ class Statement:
             other kinds.
         condition_value: For a conditional with a comparison, the literal compared with
             (``True``/``False``, a number or a string); else ``None``.
+        condition: For a parsed conditional, its condition call (``calls[0]``); else ``None``.
+        body: For a parsed conditional or loop, the statements of its body in order, each
+            with its own kind, repeat, condition and body; empty for other kinds and for
+            statements built by hand from a flat call list.
     """
 
     text: str
@@ -93,6 +98,8 @@ class Statement:
     repeat: int = 1
     condition_op: str | None = None
     condition_value: int | float | str | bool | None = None
+    condition: SkillCall | None = None
+    body: tuple[Statement, ...] = ()
 
     @property
     def executable(self) -> bool:
@@ -139,24 +146,18 @@ class _Parser:
         self.profile = profile
         self.s = text
         self.i = 0
-        # (op, literal) of every conditional met, in pre-order (outermost first)
-        self._conditions: list[tuple[str | None, int | float | str | bool | None]] = []
 
     def parse(self) -> Statement:
         """Parse the whole text as one statement; malformed text gives a statement with error."""
         text = self.s.strip()
-        self._conditions.clear()
         try:
-            kind, calls, repeat = self._statement()
+            statement = self._statement()
             self._ws()
             if self.i < len(self.s):
                 raise _ParseError(f'unexpected text after the statement: {self.s[self.i:]!r}')
         except _ParseError as err:
             return Statement(text=text, calls=(), error=str(err), kind='skill')
-        # conditions are met in pre-order: a top-level conditional's own condition comes first
-        op, value = self._conditions[0] if kind == 'conditional' else (None, None)
-        return Statement(text=text, calls=tuple(calls), kind=kind, repeat=repeat,
-                         condition_op=op, condition_value=value)
+        return statement
 
     def _ws(self) -> bool:
         """Skip whitespace; return whether it held a newline."""
@@ -175,39 +176,46 @@ class _Parser:
             raise _ParseError(f'expected {char!r} after {after}, found {found}')
         self.i += 1
 
-    def _statement(self) -> tuple[StatementKind, list[SkillCall], int]:
+    def _statement(self) -> Statement:
+        """Parse one statement (with its nested ones) from the current position."""
         self._ws()
+        start = self.i
         char = self._peek()
         if char == '?':
             self.i += 1
-            return self._conditional()
+            return self._conditional(start)
         if char.isdigit() or char in '+-':
-            return self._loop()
+            return self._loop(start)
         if char and (char.isalpha() or char == '_'):
-            return 'skill', [self._call()], 1
+            call = self._call()
+            return Statement(text=call.text, calls=(call,))
         raise _ParseError(f'not a statement: unexpected {char!r}' if char else 'empty statement')
 
-    def _conditional(self) -> tuple[StatementKind, list[SkillCall], int]:
+    def _conditional(self, start: int) -> Statement:
         self._ws()
         if not _IDENT.match(self.s, self.i):
             raise _ParseError("a condition '?' must be followed by a skill call")
         condition = self._call()
         self._ws()
-        op = _COMPARISON.match(self.s, self.i)
-        comparison: tuple[str | None, int | float | str | bool | None] = (None, None)
-        if op is not None:
-            self.i = op.end()
+        match = _COMPARISON.match(self.s, self.i)
+        op: str | None = None
+        value: int | float | str | bool | None = None
+        if match is not None:
+            op = match.group()
+            self.i = match.end()
             self._ws()
             literal = _LITERAL.match(self.s, self.i)
             if literal is None:
-                raise _ParseError(f'expected a literal after {op.group()!r} in the condition')
+                raise _ParseError(f'expected a literal after {op!r} in the condition')
             self.i = literal.end()
-            comparison = (op.group(), _literal_value(literal.group()))
-        self._conditions.append(comparison)
+            value = _literal_value(literal.group())
         self._expect('{', 'the condition')
-        return 'conditional', [condition, *self._body()], 1
+        body = self._body()
+        return Statement(text=self.s[start:self.i], calls=(condition, *_flat_calls(body)),
+                         kind='conditional', condition_op=op, condition_value=value,
+                         condition=condition, body=body)
 
-    def _loop(self) -> tuple[StatementKind, list[SkillCall], int]:
+    def _loop(self, start: int) -> Statement:
         count = _INT.match(self.s, self.i)
         if count is None:
             raise _ParseError('a loop count must be a positive integer')
@@ -216,12 +224,13 @@ class _Parser:
             raise _ParseError(f'a loop count must be a positive integer, got {repeat}')
         self.i = count.end()
         self._expect('{', 'the loop count')
-        return 'loop', self._body(), repeat
+        body = self._body()
+        return Statement(text=self.s[start:self.i], calls=_flat_calls(body), kind='loop',
+                         repeat=repeat, body=body)
 
-    def _body(self) -> list[SkillCall]:
+    def _body(self) -> tuple[Statement, ...]:
         """Parse body statements after ``{`` up to and including the matching ``}``."""
-        calls: list[SkillCall] = []
-        statements = 0
+        statements: list[Statement] = []
         while True:
             self._ws()
             while self._peek() == ';':
@@ -232,14 +241,13 @@ class _Parser:
                 break
             if not self._peek():
                 raise _ParseError("missing '}'")
-            calls.extend(self._statement()[1])
-            statements += 1
+            statements.append(self._statement())
             newline = self._ws()
             if self._peek() not in (';', '}') and not newline:
                 raise _ParseError(f"expected ';' or '}}' in the body, found {self._peek()!r}")
-        if statements == 0:
+        if not statements:
             raise _ParseError('empty body')
-        return calls
+        return tuple(statements)
 
     def _call(self) -> SkillCall:
         start = self.i
@@ -301,6 +309,11 @@ class _Parser:
                 pieces.append(s[begin:j])
                 begin = j + 1
         raise _ParseError(f"{name}: missing ')'")
+
+
+def _flat_calls(statements: tuple[Statement, ...]) -> tuple[SkillCall, ...]:
+    """Every call of the statements, in order."""
+    return tuple(call for statement in statements for call in statement.calls)
 
 
 def _literal_value(literal: str) -> int | float | str | bool:

@@ -11,17 +11,18 @@ then performs the statements in order:
   ``iv('cat')``) and the body only when the comparison holds (a bare ``?cond{...}`` holds when the
   result is truthy).
 
-Loops and conditionals nest (``4{tc(90);?iv('keys')==True{tp()}}``): the structure is read back
-from the statement text, whose calls the segmenter already validated. The first failing skill
-stops the segment; :class:`SegmentExecution` reports what ran, with times from the executor's
-clock, and the failure. Robot failures never raise out of :meth:`SkillExecutor.execute`.
+Loops and conditionals nest (``4{tc(90);?iv('keys')==True{tp()}}``): the executor walks the tree
+the segmenter parsed (:attr:`Statement.condition` and :attr:`Statement.body`); a statement built
+by hand from a flat call list (no body) runs its calls in order, a conditional's first call being
+its condition. The first failing skill stops the segment; :class:`SegmentExecution` reports
+what ran, with times from the executor's clock, and the failure. Robot failures never raise
+out of :meth:`SkillExecutor.execute`.
 """
 
 from __future__ import annotations
 
 import logging
 import operator
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,12 +37,6 @@ logger = logging.getLogger(__name__)
 
 ConditionValue = int | float | str | bool | None
 
-_WS = re.compile(r'\s*')
-_INT = re.compile(r'[+-]?\d+')
-_COMPARISON = re.compile(r'==|!=|<=|>=|<|>')
-_LITERAL = re.compile(
-    r"""(?:True|False)(?!\w)|[+-]?(?:\d+\.?\d*|\.\d+)(?![\w.])|'[^']*'|"[^"]*\""""
-)
 _OPERATORS: dict[str, Callable[[object, object], bool]] = {
     '==': operator.eq, '!=': operator.ne, '<': operator.lt, '<=': operator.le,
     '>': operator.gt, '>=': operator.ge,
@@ -77,151 +72,8 @@ class SegmentExecution:
         return Execution(self.start_time, self.end_time, self.success, self.error)
 
 
-@dataclass(frozen=True, slots=True)
-class _Perform:
-    call: SkillCall
-
-
-@dataclass(frozen=True, slots=True)
-class _Loop:
-    repeat: int
-    body: tuple[_Node, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Conditional:
-    condition: SkillCall
-    op: str | None
-    value: ConditionValue
-    body: tuple[_Node, ...]
-
-
-_Node = _Perform | _Loop | _Conditional
-
-
-class _Unstructured(Exception):
-    """The statement text does not line up with its calls (hand-built statements)."""
-
-
 class _Stop(Exception):
     """Internal: a skill failed, the segment stops."""
-
-
-class _StructureReader:
-    """Reads the nesting of a validated statement back from its text and its calls."""
-
-    def __init__(self, statement: Statement) -> None:
-        self.s = statement.text
-        self.i = 0
-        self.calls = statement.calls
-        self.k = 0
-
-    def read(self) -> _Node:
-        node = self._statement()
-        self._ws()
-        if self.i != len(self.s) or self.k != len(self.calls):
-            raise _Unstructured(f'trailing text {self.s[self.i:]!r}')
-        return node
-
-    def _ws(self) -> None:
-        match = _WS.match(self.s, self.i)
-        assert match is not None
-        self.i = match.end()
-
-    def _peek(self) -> str:
-        return self.s[self.i] if self.i < len(self.s) else ''
-
-    def _expect(self, char: str) -> None:
-        self._ws()
-        if self._peek() != char:
-            raise _Unstructured(f'expected {char!r} at {self.i}')
-        self.i += 1
-
-    def _call(self) -> SkillCall:
-        self._ws()
-        if self.k >= len(self.calls):
-            raise _Unstructured('more calls in the text than in the statement')
-        call = self.calls[self.k]
-        if not self.s.startswith(call.text, self.i):
-            raise _Unstructured(f'call {call.text!r} not found at {self.i}')
-        self.i += len(call.text)
-        self.k += 1
-        return call
-
-    def _statement(self) -> _Node:
-        self._ws()
-        char = self._peek()
-        if char == '?':
-            self.i += 1
-            condition = self._call()
-            self._ws()
-            op: str | None = None
-            value: ConditionValue = None
-            comparison = _COMPARISON.match(self.s, self.i)
-            if comparison is not None:
-                op = comparison.group()
-                self.i = comparison.end()
-                self._ws()
-                literal = _LITERAL.match(self.s, self.i)
-                if literal is None:
-                    raise _Unstructured('missing literal')
-                value = _literal_value(literal.group())
-                self.i = literal.end()
-            self._expect('{')
-            return _Conditional(condition, op, value, self._body())
-        if char.isdigit() or char in '+-':
-            count = _INT.match(self.s, self.i)
-            if count is None:
-                raise _Unstructured('bad loop count')
-            self.i = count.end()
-            self._expect('{')
-            return _Loop(int(count.group()), self._body())
-        return _Perform(self._call())
-
-    def _body(self) -> tuple[_Node, ...]:
-        nodes: list[_Node] = []
-        while True:
-            self._ws()
-            while self._peek() == ';':
-                self.i += 1
-                self._ws()
-            if self._peek() == '}':
-                self.i += 1
-                return tuple(nodes)
-            if not self._peek():
-                raise _Unstructured("missing '}'")
-            nodes.append(self._statement())
-
-
-def _literal_value(literal: str) -> int | float | str | bool:
-    if literal in ('True', 'False'):
-        return literal == 'True'
-    if literal[0] in '\'"':
-        return literal[1:-1]
-    return float(literal) if '.' in literal else int(literal)
-
-
-def _structure(statement: Statement) -> tuple[_Node, ...]:
-    """The statement as a tree of performs, loops and conditionals."""
-    calls = statement.calls
-    if statement.kind == 'text' or not calls:
-        return ()
-    if statement.kind == 'skill':
-        return tuple(_Perform(call) for call in calls)
-    try:
-        node = _StructureReader(statement).read()
-    except _Unstructured as err:
-        # hand-built statements: fall back to the flat call list
-        logger.debug('statement %r read flat: %s', statement.text, err)
-        if statement.kind == 'loop':
-            return (_Loop(statement.repeat, tuple(_Perform(c) for c in calls)),)
-        return (_Conditional(calls[0], statement.condition_op, statement.condition_value,
-                             tuple(_Perform(c) for c in calls[1:])),)
-    if statement.kind == 'conditional' and isinstance(node, _Conditional):
-        # the segmenter's parse of the top-level comparison is authoritative
-        node = _Conditional(node.condition, statement.condition_op, statement.condition_value,
-                            node.body)
-    return (node,)
 
 
 def _as_bool(result: object) -> bool:
@@ -330,31 +182,45 @@ class SkillExecutor:
         records: list[SkillRecord] = []
         try:
             for statement in segment.statements:
-                for node in _structure(statement):
-                    self._run(node, records)
+                self._run(statement, records)
         except _Stop as stop:
             return SegmentExecution(segment.index, start, self.clock.now(), False, str(stop),
                                     records)
         return SegmentExecution(segment.index, start, self.clock.now(), True, '', records)
 
-    def _run(self, node: _Node, records: list[SkillRecord]) -> None:
-        if isinstance(node, _Perform):
-            self._perform(node.call, records)
-        elif isinstance(node, _Loop):
-            for _ in range(node.repeat):
-                for child in node.body:
-                    self._run(child, records)
-        else:
-            result = self._perform(node.condition, records)
+    def _run(self, statement: Statement, records: list[SkillRecord]) -> None:
+        """Perform one statement, descending into the body of a conditional or loop."""
+        if statement.kind == 'loop':
+            for _ in range(statement.repeat):
+                self._run_body(statement, statement.calls, records)
+        elif statement.kind == 'conditional':
+            condition = statement.condition or next(iter(statement.calls), None)
+            if condition is None:
+                return
+            result = self._perform(condition, records)
             try:
-                holds = condition_holds(result, node.op, node.value)
+                holds = condition_holds(result, statement.condition_op,
+                                        statement.condition_value)
             except RobotError as err:
-                raise _Stop(f'{node.condition.text}: condition failed: {err}') from None
-            logger.debug('condition %s -> %r %s %r: %s', node.condition.text, result, node.op,
-                         node.value, holds)
+                raise _Stop(f'{condition.text}: condition failed: {err}') from None
+            logger.debug('condition %s -> %r %s %r: %s', condition.text, result,
+                         statement.condition_op, statement.condition_value, holds)
             if holds:
-                for child in node.body:
-                    self._run(child, records)
+                self._run_body(statement, statement.calls[1:], records)
+        elif statement.kind == 'skill':
+            for call in statement.calls:
+                self._perform(call, records)
+
+    def _run_body(self, statement: Statement, flat: Sequence[SkillCall],
+                  records: list[SkillRecord]) -> None:
+        """Perform the body of a conditional or loop: its nested statements, or ``flat`` (its
+        body calls) for a statement built by hand without a body."""
+        if statement.body:
+            for child in statement.body:
+                self._run(child, records)
+        else:
+            for call in flat:
+                self._perform(call, records)
 
     def _perform(self, call: SkillCall, records: list[SkillRecord]) -> object:
         begin = self.clock.now()

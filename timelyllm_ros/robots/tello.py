@@ -44,7 +44,6 @@ and the reason; every wait is bounded.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import socket
@@ -83,10 +82,11 @@ _OPEN_HOSTS: set[str] = set()
 def _djitellopy() -> Any:
     """The ``djitellopy.tello`` module (imported on first use)."""
     try:
-        return importlib.import_module('djitellopy.tello')
+        from djitellopy import tello
     except ImportError as err:
         raise RobotError(f'the Tello backend needs djitellopy (pip install djitellopy): '
                          f'{err}') from None
+    return tello
 
 
 @cache
@@ -105,10 +105,10 @@ def client_state_port() -> int | None:
     """The port on which djitellopy receives state in this process, or None before the first
     client (or without djitellopy)."""
     try:
-        module = importlib.import_module('djitellopy.tello')
+        from djitellopy import tello
     except ImportError:
         return None
-    return int(module.Tello.STATE_UDP_PORT) if module.threads_initialized else None
+    return int(tello.Tello.STATE_UDP_PORT) if tello.threads_initialized else None
 
 
 def _port_free(port: int) -> bool:
