@@ -70,7 +70,7 @@ def run_one(plan: str):
 
 
 def test_segment_to_msg_and_back():
-    _, generation, dispatched = run_one("mf(50);tc(90)")
+    _, generation, dispatched = run_one('mf(50);tc(90)')
     segment = dispatched[0].segment
     msg = _convert.segment_to_msg(generation, segment, 1000.0, Msg, Msg)
     assert (msg.robot_id, msg.goal_id, msg.index, msg.text) == (
@@ -114,7 +114,7 @@ def test_skill_record_both_ways():
 
 
 def test_result_fields_of_a_finished_and_a_failed_goal():
-    scheduler, generation, dispatched = run_one("mf(50);tc(90)")
+    scheduler, generation, dispatched = run_one('mf(50);tc(90)')
     for dispatch in dispatched:
         start = dispatch.segment.cut_time + 0.01
         scheduler.report_segment(generation.task_id, dispatch.segment.index, start, start + 2.0)

@@ -27,8 +27,8 @@ from timelyllm_ros.nodes import _convert
 class LrtraceRecorderNode(Node):
     """Writes the fleet's segment, execution and skill topics into a bag."""
 
-    def __init__(self) -> None:
-        super().__init__('lrtrace_recorder')
+    def __init__(self, **node_options: object) -> None:
+        super().__init__('lrtrace_recorder', **node_options)
         self.declare_parameter('bag', f'lrtrace_{time.strftime("%Y%m%d_%H%M%S")}')
         self.declare_parameter('chunk_size', 32 * 1024)
         path = self.get_parameter('bag').value
@@ -62,8 +62,8 @@ class LrtraceRecorderNode(Node):
 class LrtraceReplayerNode(Node):
     """Triggers a workload's tasks on robot nodes and reports the outcome."""
 
-    def __init__(self) -> None:
-        super().__init__('lrtrace_replayer')
+    def __init__(self, **node_options: object) -> None:
+        super().__init__('lrtrace_replayer', **node_options)
         self.declare_parameter('workload', 'wid1')
         self.declare_parameter('seed', 0)
         self.declare_parameter('robots', ['drone_0'])

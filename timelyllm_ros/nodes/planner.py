@@ -30,8 +30,8 @@ from timelyllm_ros.service import PlannerService
 class PlannerNode(Node):
     """Wires the PlanTask action, topics and parameters to a PlannerService."""
 
-    def __init__(self) -> None:
-        super().__init__('planner')
+    def __init__(self, **node_options: object) -> None:
+        super().__init__('planner', **node_options)
         self.declare_parameter('engine', 'sim')
         self.declare_parameter('model', '')
         self.declare_parameter('policy', 'timelyllm')

@@ -1,0 +1,170 @@
+"""rclpy tests of the planner node, with in-process robots and the LRTrace recorder node.
+
+Needs a ROS 2 workspace where this package was built with ``colcon build`` (rclpy and the
+generated ``timelyllm_ros.msg`` / ``.action``); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run inside a ROS 2 workspace')
+pytest.importorskip('timelyllm_ros.msg',
+                    reason='interfaces not generated: colcon build this package first')
+
+from builtin_interfaces.msg import Time  # noqa: E402
+from rclpy.action import ActionClient  # noqa: E402
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.node import Node  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+from timelyllm_ros.action import PlanTask  # noqa: E402
+from timelyllm_ros.msg import SegmentDone, TimeUtility  # noqa: E402
+
+from timelyllm_ros.nodes import _convert  # noqa: E402
+from timelyllm_ros.nodes.lrtrace_nodes import LrtraceRecorderNode  # noqa: E402
+from timelyllm_ros.nodes.planner import PlannerNode  # noqa: E402
+
+pytestmark = pytest.mark.ros
+CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
+
+
+class Robots(Node):
+    """Sends goals and plays every robot: each received segment is reported done at once."""
+
+    def __init__(self) -> None:
+        super().__init__('test_robots')
+        self.client = ActionClient(self, PlanTask, '/plan')
+        self.done_pub = self.create_publisher(SegmentDone, '/segment_done', 50)
+        self.rejections: list[str] = []
+        self.create_subscription(String, '/plan_rejections',
+                                 lambda m: self.rejections.append(m.data), 10)
+
+    def send(self, robot_id: str, task: str, urgency: str = 'normal', kind: str = 'tello',
+             tuf: tuple[float, float, float] | None = None, report: bool = True):
+        events: list = []
+        goal = PlanTask.Goal(robot_id=robot_id, robot_kind=kind, task=task, urgency=urgency)
+        if tuf is not None:
+            goal.has_tuf = True
+            goal.tuf = TimeUtility(ert_s=tuf[0], alpha=tuf[1], beta=tuf[2])
+
+        def feedback(message) -> None:
+            segment = message.feedback.segment
+            events.append(('segment', time.monotonic(), segment.index, segment.text))
+            if report:
+                now = time.time()
+                self.done_pub.publish(_convert.segment_done_to_msg(
+                    robot_id, segment.goal_id, segment.index, now, now + 0.01, True, '',
+                    SegmentDone, Time))
+
+        future = self.client.send_goal_async(goal, feedback_callback=feedback)
+        return future, events
+
+
+@pytest.fixture(scope='module')
+def fleet(tmp_path_factory):
+    rclpy.init()
+    bag = tmp_path_factory.mktemp('bags') / 'fleet'
+    planner = PlannerNode()
+    robots = Robots()
+    recorder = LrtraceRecorderNode(
+        parameter_overrides=[Parameter('bag', value=str(bag))])
+    executor = MultiThreadedExecutor()
+    for node in (planner, robots, recorder):
+        executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    assert robots.client.wait_for_server(timeout_sec=10.0)
+    yield planner, robots, recorder, bag
+    executor.shutdown()
+    planner.destroy_node()
+    robots.destroy_node()
+    if recorder.recorder.is_open:
+        recorder.destroy_node()
+    rclpy.try_shutdown()
+
+
+def wait(future, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        assert time.monotonic() < deadline, 'timed out'
+        time.sleep(0.01)
+    return future.result()
+
+
+def test_segments_stream_in_order_before_the_result(fleet):
+    _, robots, _, _ = fleet
+    future, events = robots.send('drone_0', CAT)
+    handle = wait(future)
+    assert handle.accepted
+    result = wait(handle.get_result_async()).result
+    assert result.success, result.error
+    indices = [e[2] for e in events]
+    assert indices == list(range(result.segment_count)) and result.segment_count == 2
+    assert ''.join(e[3] for e in events) == result.plan
+    assert 0.0 < result.response_time_s < 1.0 and result.utility == 1.0
+
+
+@pytest.mark.parametrize(('kind', 'task', 'tuf'), [
+    ('submarine', 'dive', None),
+    ('tello', '   ', None),
+    ('tello', 'go', (0.2, 5.0, 1.0)),
+])
+def test_bad_goals_are_rejected_with_a_reason(fleet, kind, task, tuf):
+    _, robots, _, _ = fleet
+    before = len(robots.rejections)
+    future, _ = robots.send('drone_bad', task, kind=kind, tuf=tuf)
+    assert not wait(future).accepted
+    deadline = time.monotonic() + 5
+    while len(robots.rejections) == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert robots.rejections[-1].startswith('drone_bad: rejected:')
+
+
+def test_cancel_drops_the_generation(fleet):
+    planner, robots, _, _ = fleet
+    future, events = robots.send('drone_c', CAT, report=False)
+    handle = wait(future)
+    deadline = time.monotonic() + 10
+    while not events:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    wait(handle.cancel_goal_async())
+    result = wait(handle.get_result_async())
+    assert result.status == 5  # action_msgs/GoalStatus.STATUS_CANCELED
+    deadline = time.monotonic() + 5
+    while any(t.startswith('drone_c#') for t in planner.service.scheduler.generations):
+        assert time.monotonic() < deadline, 'generation kept after cancel'
+        time.sleep(0.02)
+
+
+def test_urgent_goals_are_served_first_under_contention(fleet):
+    _, robots, _, _ = fleet
+    normal = [robots.send(f'drone_n{i}', CAT) for i in range(8)]
+    urgent = robots.send('drone_u', 'a dog is chasing me', urgency='urgent')
+    for future, _ in [*normal, urgent]:
+        wait(wait(future).get_result_async())
+    urgent_first = urgent[1][0][1]
+    normal_firsts = sorted(events[0][1] for _, events in normal)
+    assert urgent_first < normal_firsts[len(normal_firsts) // 2]
+
+
+def test_the_recorder_bag_contains_the_run(fleet):
+    _, robots, recorder, bag = fleet
+    future, events = robots.send('drone_r', CAT)
+    result = wait(wait(future).get_result_async()).result
+    assert result.success
+    time.sleep(0.5)
+    recorder.destroy_node()        # closes the bag
+    from lrtrace.reader import read_bag
+
+    trace = read_bag(bag)
+    mine = [s for s in trace.segments if s.robot_id == 'drone_r']
+    assert [s.index for s in mine] == list(range(result.segment_count))
+    assert ''.join(s.text for s in mine) == result.plan
+    done = [d for d in trace.segment_done if d.robot_id == 'drone_r']
+    assert len(done) == result.segment_count and all(d.success for d in done)
