@@ -1,0 +1,82 @@
+"""launch_testing: the whole simulated fleet from fleet.launch.py plans, executes and records.
+
+Run in a ROS 2 workspace after ``colcon build``: ``launch_test test/ros/fleet_launch_test.py``
+(``colcon test`` runs it too). Two drones and one arm on the simulated backend, the simulated
+engine, and the LRTrace recorder.
+"""
+
+import json
+import os
+import tempfile
+import time
+import unittest
+
+import launch
+import launch_testing
+import launch_testing.actions
+import pytest
+import rclpy
+from ament_index_python.packages import get_package_share_directory
+from launch.launch_description_sources import PythonLaunchDescriptionSource
+from std_msgs.msg import String
+
+BAG = os.path.join(tempfile.mkdtemp(prefix='fleet_launch_test_'), 'bag')
+TASKS = {
+    'drone_0': 'Scene: [] Task: [A] Could you find the cat? If so, go to it.',
+    'drone_1': 'a dog is chasing me',
+    'arm_0': 'Pick up the red box and drop it on the blue box.',
+}
+
+
+@pytest.mark.launch_test
+def generate_test_description():
+    fleet = launch.actions.IncludeLaunchDescription(
+        PythonLaunchDescriptionSource(os.path.join(
+            get_package_share_directory('timelyllm_ros'), 'launch', 'fleet.launch.py')),
+        launch_arguments={'drones': '2', 'arms': '1', 'backend': 'sim', 'record': 'true',
+                          'bag': BAG}.items())
+    return launch.LaunchDescription([fleet, launch_testing.actions.ReadyToTest()])
+
+
+class TestFleet(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        rclpy.init()
+        cls.node = rclpy.create_node('fleet_test')
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.node.destroy_node()
+        rclpy.shutdown()
+
+    def test_every_robot_gets_and_executes_a_plan(self):
+        reports = {}
+        for robot in TASKS:
+            self.node.create_subscription(
+                String, f'/{robot}/plan_results',
+                lambda msg, robot=robot: reports.setdefault(robot, json.loads(msg.data)), 10)
+        publishers = {r: self.node.create_publisher(String, f'/{r}/task', 10) for r in TASKS}
+        time.sleep(2.0)                      # discovery
+        for robot, task in TASKS.items():
+            publishers[robot].publish(String(data=task))
+        deadline = time.monotonic() + 120.0  # the arm plan takes ~30 s of simulated motion
+        while len(reports) < len(TASKS) and time.monotonic() < deadline:
+            rclpy.spin_once(self.node, timeout_sec=0.1)
+        self.assertEqual(set(reports), set(TASKS))
+        for robot, report in reports.items():
+            self.assertTrue(report['success'], f'{robot}: {report}')
+            self.assertGreater(report['segment_count'], 0)
+
+
+@launch_testing.post_shutdown_test()
+class TestAfterShutdown(unittest.TestCase):
+
+    def test_processes_exited_cleanly(self, proc_info):
+        launch_testing.asserts.assertExitCodes(proc_info, allowable_exit_codes=[0, -2, -15])
+
+    def test_the_recorded_bag_holds_every_robot(self):
+        from lrtrace.reader import read_bag
+
+        trace = read_bag(BAG)
+        self.assertEqual({s.robot_id for s in trace.segment_done}, set(TASKS))
