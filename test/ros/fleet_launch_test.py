@@ -11,7 +11,6 @@ import tempfile
 import time
 import unittest
 
-import launch
 import launch_testing
 import launch_testing.actions
 import pytest
@@ -19,6 +18,8 @@ import rclpy
 from ament_index_python.packages import get_package_share_directory
 from launch.launch_description_sources import PythonLaunchDescriptionSource
 from std_msgs.msg import String
+
+import launch
 
 BAG = os.path.join(tempfile.mkdtemp(prefix='fleet_launch_test_'), 'bag')
 TASKS = {
