@@ -11,15 +11,18 @@ import tempfile
 import time
 import unittest
 
-import launch_testing
-import launch_testing.actions
 import pytest
-import rclpy
-from ament_index_python.packages import get_package_share_directory
-from launch.launch_description_sources import PythonLaunchDescriptionSource
-from std_msgs.msg import String
 
-import launch
+pytest.importorskip('launch_testing', reason='launch_testing missing: run in a ROS 2 workspace')
+
+import launch  # noqa: E402
+import launch_testing  # noqa: E402
+import launch_testing.actions  # noqa: E402
+import launch_testing.asserts  # noqa: E402
+import rclpy  # noqa: E402
+from ament_index_python.packages import get_package_share_directory  # noqa: E402
+from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
 
 BAG = os.path.join(tempfile.mkdtemp(prefix='fleet_launch_test_'), 'bag')
 TASKS = {
