@@ -4,8 +4,11 @@ A thin ``main(argv) -> int`` over library calls; errors print ``ERROR: …`` and
 
 * ``record``  -- simulate a workload and record every task into a bag;
 * ``profile`` -- drive every skill of a robot over a grid of arguments through the skill
-  executor and record each execution (``--backend sim``: the simulated backend);
-* ``fit``     -- refit a robot profile's execution-time models from recorded skills;
+  executor and record each execution (``--backend sim``: the simulated backend;
+  ``emulator``: the robot's loopback emulator through the real client; ``djitellopy`` /
+  ``indydcp3``: a real Tello / Indy7 at ``--host``; see :mod:`lrtrace.profiling`);
+* ``fit``     -- refit a robot profile's execution-time models from recorded skills (in
+  real-robot seconds; ``rel_error`` against the configuration a profiling bag recorded);
 * ``replay``  -- replay recorded traces through the simulated fleet;
 * ``inspect`` -- tables of a bag's tasks, segments and skills, and a timeline figure.
 """
@@ -13,7 +16,6 @@ A thin ``main(argv) -> int`` over library calls; errors print ``ERROR: …`` and
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
@@ -22,9 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.errors import TimelyError
-
-PROFILE_GRID_POINTS = 13
-"""Argument values per numeric skill in ``lrtrace profile`` (e.g. 20, 60, …, 500 cm)."""
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -53,91 +52,40 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
-def _grid(lo: float | None, hi: float | None, integer: bool) -> list[float]:
-    """Argument values to profile: from the lowest positive limit to the upper limit."""
-    top = hi if hi is not None else 100.0
-    bottom = lo if lo is not None and lo > 0 else top / PROFILE_GRID_POINTS
-    values = [bottom + (top - bottom) * i / (PROFILE_GRID_POINTS - 1)
-              for i in range(PROFILE_GRID_POINTS)]
-    return sorted({round(v) for v in values}) if integer else [round(v, 3) for v in values]
+def _read_poses(path: str) -> dict[str, list[float]]:
+    """Object poses ``{name: [x, y, z, rx, ry, rz]}`` from a JSON or YAML file."""
+    import yaml
 
+    from timelyllm_ros.errors import RobotError
 
-def profile_calls(profile: Any) -> list[tuple[str, str]]:
-    """``(skill, call text)`` pairs covering every skill of a profile once per grid point.
-
-    The first numeric argument runs over its grid; other numeric arguments take 0 (or their
-    lower limit when 0 is outside it), string arguments ``'target'``.
-    """
-    calls: list[tuple[str, str]] = []
-    for skill in profile.skills:
-        numeric = [a for a in skill.args if a.type != 'str']
-        grid: list[float] = _grid(numeric[0].min, numeric[0].max, numeric[0].type == 'int') \
-            if numeric else [0.0]
-        for value in grid:
-            literals = []
-            for arg in skill.args:
-                if arg.type == 'str':
-                    literals.append("'target'")
-                    continue
-                v = value if arg is numeric[0] else (
-                    0.0 if (arg.min is None or arg.min <= 0) and (arg.max is None or arg.max >= 0)
-                    else arg.min)
-                literals.append(str(int(v)) if arg.type == 'int' else f'{float(v):g}')
-            calls.append((skill.name, f'{skill.short}({", ".join(literals)})'))
-    return calls
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding='utf-8'))
+    except (OSError, yaml.YAMLError) as err:
+        raise RobotError(f'{path}: cannot read poses: {err}') from None
+    if not isinstance(data, dict) or not all(
+            isinstance(v, list) and len(v) == 6 and all(isinstance(x, (int, float)) for x in v)
+            for v in data.values()):
+        raise RobotError(f'{path}: poses must map object names to [x, y, z, rx, ry, rz]')
+    return {str(k): [float(x) for x in v] for k, v in data.items()}
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec('timelyllm_ros.robots.executor') is None:
-        print('ERROR: needs the robot backends (issue 4 step 8)', file=sys.stderr)
-        return 1
-    import numpy as np
+    from lrtrace.profiling import profile_robot
 
-    from lrtrace.recorder import TraceRecorder
-    from timelyllm_ros.clock import SimClock
-    from timelyllm_ros.errors import TraceFormatError
-    from timelyllm_ros.profiles import load_profile
-    from timelyllm_ros.request import Segment
-    from timelyllm_ros.robots.executor import SkillExecutor
-    from timelyllm_ros.segmenter import segment_text
-
-    profile = load_profile(args.robot)
-    if args.backend != 'sim':
-        raise TraceFormatError(f'backend {args.backend!r} is not available here; only '
-                               f"'sim' (the simulated backend) is")
-    from timelyllm_ros.robots.sim_backend import SimulatedBackend
-
-    clock = SimClock()
-    backend = SimulatedBackend(profile, clock, rng=np.random.default_rng(args.seed),
-                               jitter=args.jitter)
-    executor = SkillExecutor(backend, clock)
-    robot_id = f'{profile.name}-profile'
-    source = (f'lrtrace profile: robot {profile.name}, backend {args.backend} '
-              f'(simulated from the profile models, not hardware), jitter {args.jitter}')
-    skills = 0
-    with TraceRecorder(args.out, source=source,
-                       info={'robot': profile.name, 'backend': args.backend}) as recorder:
-        index = 0
-        for skill, text in profile_calls(profile):
-            statements = tuple(s for cut in segment_text(profile, text) for s in cut.statements)
-            if len(statements) != 1 or statements[0].error:
-                raise TraceFormatError(f'{profile.name}: profiling call {text!r} does not parse')
-            for _ in range(args.repeats):
-                now = clock.now()
-                segment = Segment(index=index, text=text, statements=statements, cut_time=now,
-                                  dispatch_time=now, estimated_exec_s=0.0, tokens=0,
-                                  is_last=True)
-                execution = executor.execute(segment)
-                task_id = f'profile-{skill}'
-                for record in execution.skills:
-                    recorder.record_skill(robot_id, task_id, index, record)
-                    skills += 1
-                recorder.record_segment_done(robot_id, task_id, index, execution.start_time,
-                                             execution.end_time, execution.success,
-                                             execution.error)
-                index += 1
-    print(f'profiled {len(profile.skills)} skills of {profile.name}: {skills} skill executions '
-          f'into {args.out}')
+    poses = _read_poses(args.poses) if args.poses else None
+    run = profile_robot(args.robot, args.backend, args.out, grid=args.grid,
+                        repeats=args.repeats, time_scale=args.time_scale, host=args.host,
+                        poses=poses, seed=args.seed, jitter=args.jitter)
+    executions = sum(run.samples.values())
+    scale = f', time_scale {run.time_scale:g}' if run.backend == 'emulator' else ''
+    runs = 'run' if run.repeats == 1 else 'runs'
+    print(f'profiled {len(run.samples)} skills of {run.robot} on backend {run.backend} '
+          f'({run.grid} grid points x {run.repeats} {runs}{scale}): {executions} skill '
+          f'executions into {run.path} in {run.wall_s:.1f} s')
+    for name, count in run.samples.items():
+        print(f'  {name}: {count}')
+    for name, why in run.skipped.items():
+        print(f'skipped {name}: {why}')
     return 0
 
 
@@ -242,8 +190,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     profile = sub.add_parser('profile', help='profile every skill of a robot into a bag')
     profile.add_argument('--robot', required=True, help='tello, indy7 or a profile YAML')
-    profile.add_argument('--backend', default='sim', help="robot backend (here: 'sim')")
-    profile.add_argument('--repeats', type=int, default=3, help='runs per argument value')
+    profile.add_argument('--backend', default='sim',
+                         help='sim (simulated), emulator (loopback emulator through the real '
+                         'client), djitellopy (a real Tello) or indydcp3 (a real Indy7)')
+    profile.add_argument('--grid', type=int, default=None,
+                         help='argument values per numeric skill, calls per constant skill '
+                         '(default: 13 sim, 6 otherwise)')
+    profile.add_argument('--repeats', type=int, default=None,
+                         help='runs of the whole grid (default: 3 sim, 1 tello emulator, '
+                         '2 otherwise)')
+    profile.add_argument('--time-scale', type=float, default=None,
+                         help='emulator only: emulated durations = model x this (default: '
+                         '0.05 tello, 0.25 indy7)')
+    profile.add_argument('--host', help="the robot's address (real backends), or the loopback "
+                         'address the emulator listens on')
+    profile.add_argument('--poses', help='indydcp3: JSON/YAML {object: [x, y, z, rx, ry, rz]} '
+                         'for move_to/pick/place')
     profile.add_argument('--jitter', type=float, default=0.0,
                          help='relative std of the simulated backend')
     profile.add_argument('--seed', type=int, default=0)

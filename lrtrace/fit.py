@@ -11,26 +11,39 @@ current model has:
 
 The report gives, per fitted skill, the model, the number of samples and ``rel_error``: the
 mean over the recorded calls of ``|fitted − reference| / reference``, both evaluated (mean
-estimate) at that call's arguments, against a reference profile (by default the profile
-before fitting). :func:`write_profile` writes the updated profile as YAML with its provenance
-naming the bags and the sample counts.
+estimate) at that call's arguments, against a reference. The reference is, in this order: the
+``reference`` profile when one is given; the models a bag recorded as its robot's
+configuration (``lrtrace profile --backend emulator|sim`` stores the models the emulator or
+simulated robot was timed with in the bag's meta, ``reference_models``); the profile before
+fitting.
+
+Time scale: a bag recorded on an emulator running at ``time_scale`` (bag meta ``time_scale``,
+e.g. 0.05 = 20x faster than the robot) holds emulated seconds. Its durations are divided by
+``time_scale`` before fitting, so fitted models (and the written profile) are in real-robot
+seconds and compare directly with the profile the emulator was configured with.
+
+:func:`write_profile` writes the updated profile as YAML with its provenance naming the bags
+and the sample counts.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
 from timelyllm_ros.errors import ProfileError, TraceFormatError
 from timelyllm_ros.exec_time import (
+    ExecTimeModel,
     ParametricTime,
     fit_constant,
     fit_parametric,
@@ -39,7 +52,8 @@ from timelyllm_ros.exec_time import (
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.segmenter import segment_text
 
-__all__ = ['FitReport', 'SkillFit', 'collect_samples', 'fit_profile', 'write_profile']
+__all__ = ['FitReport', 'SkillFit', 'bag_time_scale', 'collect_samples', 'fit_profile',
+           'profile_skips', 'recorded_reference', 'write_profile']
 
 Sample = tuple[dict[str, Any], float]
 
@@ -63,16 +77,25 @@ class FitReport:
     bags: list[str]
     skills: dict[str, SkillFit] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)   # skill or call -> why
+    reference: str = ''      # what rel_error compares with
+    seconds: str = ''        # the unit of the fitted models (real-robot seconds)
 
     @property
     def samples(self) -> int:
         return sum(f.samples for f in self.skills.values())
 
     def to_json(self) -> dict[str, Any]:
-        """``{"skills": {SKILL: {"model": {...}, "rel_error": x, "samples": n}}}``."""
+        """``{"skills": {SKILL: {"model": {...}, "rel_error": x, "samples": n}}}``.
+
+        Also ``profile``, ``bags``, ``reference`` (what ``rel_error`` compares with),
+        ``seconds`` (the models' unit and the time scales undone) and ``skipped`` (skill or
+        call → why: calls left out here, skills the profiling run did not profile).
+        """
         return {
             'profile': self.profile,
             'bags': self.bags,
+            'reference': self.reference,
+            'seconds': self.seconds,
             'skills': {name: {'model': f.model, 'rel_error': f.rel_error, 'samples': f.samples,
                               **({'note': f.note} if f.note else {})}
                        for name, f in self.skills.items()},
@@ -88,9 +111,29 @@ def _parse_args(profile: RobotProfile, call: str) -> dict[str, Any] | None:
     return dict(statements[0].calls[0].args)
 
 
+def bag_time_scale(bag: TraceBag) -> float:
+    """The emulator time scale a bag was recorded at (meta ``time_scale``; 1 if none).
+
+    Raises:
+        TraceFormatError: a time scale that is not a positive number.
+    """
+    text = bag.info.get('time_scale')
+    if text is None:
+        return 1.0
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise TraceFormatError(f'{bag.path}: invalid time_scale {text!r} in the bag meta')
+    return scale
+
+
 def collect_samples(bags: Sequence[TraceBag], profile: RobotProfile
                     ) -> tuple[dict[str, list[Sample]], dict[str, str]]:
     """Per canonical skill name, the ``(args, seconds)`` of every successful recorded call.
+
+    Seconds are real-robot seconds: each bag's durations divided by its :func:`bag_time_scale`.
 
     Returns:
         The samples and, per skipped call text, why it was skipped.
@@ -98,6 +141,7 @@ def collect_samples(bags: Sequence[TraceBag], profile: RobotProfile
     samples: dict[str, list[Sample]] = {}
     skipped: dict[str, str] = {}
     for bag in bags:
+        scale = bag_time_scale(bag)
         for record in bag.skills:
             if not record.success:
                 continue
@@ -115,8 +159,69 @@ def collect_samples(bags: Sequence[TraceBag], profile: RobotProfile
             if args is None:
                 skipped[record.call] = 'the call does not parse with the profile grammar'
                 continue
-            samples.setdefault(skill, []).append((args, end - start))
+            samples.setdefault(skill, []).append((args, (end - start) / scale))
     return samples, skipped
+
+
+_MODEL = TypeAdapter(ExecTimeModel)
+
+
+def recorded_reference(bags: Sequence[TraceBag]) -> tuple[dict[str, Any], str]:
+    """The execution-time models the bags' robot was configured with, if they recorded it.
+
+    ``lrtrace profile --backend emulator|sim`` stores them in the meta (``reference_models``,
+    JSON ``{skill: model}``, real-robot seconds). Bags that disagree on a skill's model give
+    no reference for that skill.
+
+    Returns:
+        Models by canonical skill name and a description ('' when no bag recorded any).
+
+    Raises:
+        TraceFormatError: a recorded reference that does not parse.
+    """
+    models: dict[str, Any] = {}
+    conflicting: set[str] = set()
+    origins: list[str] = []
+    for bag in bags:
+        text = bag.info.get('reference_models')
+        if not text:
+            continue
+        try:
+            data = json.loads(text)
+            recorded = {str(k): _MODEL.validate_python(v) for k, v in dict(data).items()}
+        except (ValueError, TypeError, ValidationError) as err:
+            raise TraceFormatError(f'{bag.path}: invalid reference_models in the bag meta: '
+                                   f'{err}') from None
+        for name, model in recorded.items():
+            if name in models and models[name] != model:
+                conflicting.add(name)
+            models.setdefault(name, model)
+        what = bag.info.get('emulator') or bag.info.get('backend') or 'robot'
+        origins.append(f'{bag.path}: {what} timed by profile '
+                       f'{bag.info.get("reference_profile", "?")} models x time_scale '
+                       f'{bag_time_scale(bag):g}')
+    for name in conflicting:
+        models.pop(name)
+    if not origins:
+        return {}, ''
+    return models, 'the configuration recorded in the bags (' + '; '.join(origins) + ')'
+
+
+def profile_skips(bags: Sequence[TraceBag]) -> dict[str, str]:
+    """Skills a profiling run did not profile, with its reason (bag meta ``skipped``)."""
+    skipped: dict[str, str] = {}
+    for bag in bags:
+        text = bag.info.get('skipped')
+        if not text:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(data, Mapping):
+            for name, why in data.items():
+                skipped.setdefault(str(name), f'not profiled: {why}')
+    return skipped
 
 
 def _x(model: ParametricTime, args: dict[str, Any]) -> float:
@@ -145,10 +250,12 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
     Args:
         bags: LRTrace bags (paths or already read).
         profile: the profile to update (object, bundled name or YAML path).
-        reference: the profile ``rel_error`` compares with (default: ``profile`` as given).
+        reference: the profile ``rel_error`` compares with (default: the models the bags
+            recorded as their robot's configuration, else ``profile`` as given).
 
     Returns:
-        The updated profile (skills without samples unchanged) and the report.
+        The updated profile (skills without samples unchanged; real-robot seconds, see the
+        module docstring) and the report.
 
     Raises:
         TraceFormatError: a bag cannot be read, or no bag holds a sample of this profile.
@@ -163,9 +270,21 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
     if not samples:
         raise TraceFormatError(f'no successful skill execution of profile {base.name!r} in '
                                f'{", ".join(names)}')
+    recorded, recorded_origin = ({}, '') if reference is not None else recorded_reference(read)
+    for name, why in profile_skips(read).items():
+        if name not in samples:
+            skipped.setdefault(name, why)
     sources = sorted({b.source for b in read if b.source})
     origin = f'{", ".join(names)}' + (f' (recorded: {"; ".join(sources)})' if sources else '')
-    report = FitReport(profile=base.name, bags=names, skipped=skipped)
+    scales = sorted({bag_time_scale(b) for b in read})
+    report = FitReport(
+        profile=base.name, bags=names, skipped=skipped,
+        reference=(f'profile {ref.name} as given' if reference is not None else
+                   recorded_origin + f'; other skills: profile {base.name}' if recorded_origin
+                   else f'profile {base.name} before fitting'),
+        seconds=('real-robot seconds' + (
+            f' (recorded durations / time_scale {", ".join(f"{s:g}" for s in scales)})'
+            if scales != [1.0] else '')))
     skills = []
     for skill in base.skills:
         data = samples.get(skill.name)
@@ -189,8 +308,8 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
             fitted = fit_sampled(seconds, source)
         else:
             fitted = fit_constant(seconds, source)
-        reference_model = ref.skill(skill.name).exec_time if skill.name in ref.skill_index \
-            else current
+        reference_model = recorded.get(skill.name) or (
+            ref.skill(skill.name).exec_time if skill.name in ref.skill_index else current)
         report.skills[skill.name] = SkillFit(
             skill=skill.name, model=fitted.model_dump(mode='json', exclude_none=True),
             samples=len(data), rel_error=_rel_error(fitted, reference_model, data))
