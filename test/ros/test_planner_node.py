@@ -26,7 +26,7 @@ from timelyllm_ros.msg import SegmentDone, TimeUtility  # noqa: E402
 
 from timelyllm_ros.nodes import _convert  # noqa: E402
 from timelyllm_ros.nodes.lrtrace_nodes import LrtraceRecorderNode  # noqa: E402
-from timelyllm_ros.nodes.planner import PlannerNode  # noqa: E402
+from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
 CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
@@ -72,7 +72,7 @@ def fleet(tmp_path_factory):
     robots = Robots()
     recorder = LrtraceRecorderNode(
         parameter_overrides=[Parameter('bag', value=str(bag))])
-    executor = MultiThreadedExecutor()
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     for node in (planner, robots, recorder):
         executor.add_node(node)
     spinner = threading.Thread(target=executor.spin, daemon=True)

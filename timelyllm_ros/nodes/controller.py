@@ -46,10 +46,10 @@ class RobotControllerNode(Node):
         self.robot_id = param('robot_id').value
         self.profile = load_profile(param('robot_kind').value,
                                     param('profiles_dir').value or None)
-        self.clock = SystemClock()
+        self.robot_clock = SystemClock()
         self.backend, self._close_backend = open_backend(
-            self.profile, param('backend').value, param('address').value or None, self.clock)
-        self.executor = SkillExecutor(self.backend, self.clock)
+            self.profile, param('backend').value, param('address').value or None, self.robot_clock)
+        self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
         self.plan_client = ActionClient(self, PlanTask, param('plan_action').value,
                                         callback_group=group)
@@ -103,9 +103,10 @@ class RobotControllerNode(Node):
             try:
                 segment = _convert.segment_from_msg(self.profile, msg)
             except TimelyError as err:
-                self._abort(msg, msg.index, str(err), self.clock.now(), self.clock.now())
+                now = self.robot_clock.now()
+                self._abort(msg, msg.index, str(err), now, now)
                 continue
-            run = self.executor.execute(segment)
+            run = self.skill_executor.execute(segment)
             for record in run.skills:
                 self.skills_pub.publish(_convert.skill_record_to_msg(
                     self.robot_id, msg.goal_id, run.index, record, SkillExecution, Time))

@@ -126,11 +126,15 @@ class PlannerNode(Node):
         super().destroy_node()
 
 
+EXECUTOR_THREADS = 128
+"""Each goal holds one executor thread while it streams; this bounds concurrent goals."""
+
+
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
     node = PlannerNode()
     try:
-        rclpy.spin(node, executor=MultiThreadedExecutor())
+        rclpy.spin(node, executor=MultiThreadedExecutor(num_threads=EXECUTOR_THREADS))
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
