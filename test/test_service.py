@@ -132,3 +132,12 @@ def test_state_reports_queue_and_priorities(service):
     state = service.state()
     assert state.time > 0 and state.queued + state.running <= 3
     assert all(isinstance(v, float) for v in state.priorities.values())
+
+
+def test_a_goal_that_does_not_wait_for_execution_ends_when_generated(service):
+    recorder = Recorder()
+    goal_id = service.submit(PlanGoal('drone_0', 'tello', CAT, wait_for_execution=False),
+                             recorder.on_segment, recorder.on_end)
+    assert recorder.ended.wait(5.0)
+    assert recorder.generation.status.name == 'GENERATED' and len(recorder.segments) == 2
+    assert goal_id not in service.scheduler.generations

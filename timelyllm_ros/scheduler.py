@@ -160,13 +160,14 @@ class Scheduler:
         return generation
 
     def forget(self, task_id: str) -> Generation:
-        """Drop an ended task's record (long-running services call this once reported).
+        """Drop the record of a task that ended or is fully generated (long-running services
+        call this once they reported it; later robot reports for it are then refused).
 
         Raises:
-            GoalError: unknown task, or a task that has not ended.
+            GoalError: unknown task, or a task still generating.
         """
         generation = self._get(task_id)
-        if not generation.status.terminal:
+        if generation.status < TaskStatus.GENERATED:
             raise GoalError(f'task {task_id!r} has not ended ({generation.status.name})')
         del self.generations[task_id]
         self._segmenters.pop(task_id, None)

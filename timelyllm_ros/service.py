@@ -47,6 +47,7 @@ class PlanGoal:
     task: str
     urgency: str = 'normal'         # TUF class: normal | urgent | chatbot
     tuf: Tuf | None = None          # explicit TUF, overriding the class's
+    wait_for_execution: bool = True  # end when executed (robot reports) or when generated
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ class PlannerService:
         self._idle_wait_s = idle_wait_s
         self._inbox: queue.Queue[tuple[str, tuple[object, ...]]] = queue.Queue()
         self._listeners: dict[str, tuple[SegmentListener, EndListener]] = {}
+        self._untracked: set[str] = set()   # goals that end once generated
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -153,7 +155,7 @@ class PlannerService:
     def submit(self, goal: PlanGoal, on_segment: SegmentListener, on_end: EndListener) -> str:
         """Queue a goal; returns its task id. Raises GoalError (or TufError) at once."""
         spec = self.make_spec(goal)
-        self._inbox.put(('submit', (spec, on_segment, on_end)))
+        self._inbox.put(('submit', (spec, on_segment, on_end, goal.wait_for_execution)))
         return spec.task_id
 
     def cancel(self, task_id: str) -> None:
@@ -201,6 +203,10 @@ class PlannerService:
                 self._notify_segment(generation, dispatch.segment)
             for generation in out.ended:
                 self._notify_end(generation)
+            for task_id in [t for t in self._untracked if t in self.scheduler.generations]:
+                generation = self.scheduler.generations[task_id]
+                if generation.status >= TaskStatus.GENERATED:
+                    self._notify_end(generation)
             self._state = self._snapshot(out.batch_size)
         else:
             self._state = self._snapshot(0)
@@ -229,9 +235,11 @@ class PlannerService:
     def _handle(self, kind: str, args: tuple[object, ...]) -> None:
         scheduler = self.scheduler
         if kind == 'submit':
-            spec, on_segment, on_end = args
+            spec, on_segment, on_end, wait_for_execution = args
             assert isinstance(spec, TaskSpec)
             self._listeners[spec.task_id] = (on_segment, on_end)  # type: ignore[assignment]
+            if not wait_for_execution:
+                self._untracked.add(spec.task_id)
             try:
                 generation = scheduler.submit(spec)
             except TimelyError as err:
@@ -268,6 +276,7 @@ class PlannerService:
 
     def _notify_end(self, generation: Generation) -> None:
         listeners = self._listeners.pop(generation.task_id, None)
+        self._untracked.discard(generation.task_id)
         if generation.task_id in self.scheduler.generations:
             self.scheduler.forget(generation.task_id)
         if listeners is not None:

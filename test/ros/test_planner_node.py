@@ -35,18 +35,21 @@ CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 class Robots(Node):
     """Sends goals and plays every robot: each received segment is reported done at once."""
 
-    def __init__(self) -> None:
-        super().__init__('test_robots')
-        self.client = ActionClient(self, PlanTask, '/plan')
+    def __init__(self, name: str = 'test_robots', action: str = '/plan') -> None:
+        super().__init__(name)
+        self.client = ActionClient(self, PlanTask, action)
         self.done_pub = self.create_publisher(SegmentDone, '/segment_done', 50)
         self.rejections: list[str] = []
         self.create_subscription(String, '/plan_rejections',
                                  lambda m: self.rejections.append(m.data), 10)
 
     def send(self, robot_id: str, task: str, urgency: str = 'normal', kind: str = 'tello',
-             tuf: tuple[float, float, float] | None = None, report: bool = True):
+             tuf: tuple[float, float, float] | None = None, report: bool = True,
+             wait_for_execution: bool | None = None):
         events: list = []
-        goal = PlanTask.Goal(robot_id=robot_id, robot_kind=kind, task=task, urgency=urgency)
+        goal = PlanTask.Goal(robot_id=robot_id, robot_kind=kind, task=task, urgency=urgency,
+                             wait_for_execution=report if wait_for_execution is None
+                             else wait_for_execution)
         if tuf is not None:
             goal.has_tuf = True
             goal.tuf = TimeUtility(ert_s=tuf[0], alpha=tuf[1], beta=tuf[2])
@@ -127,7 +130,7 @@ def test_bad_goals_are_rejected_with_a_reason(fleet, kind, task, tuf):
 
 def test_cancel_drops_the_generation(fleet):
     planner, robots, _, _ = fleet
-    future, events = robots.send('drone_c', CAT, report=False)
+    future, events = robots.send('drone_c', CAT, report=False, wait_for_execution=True)
     handle = wait(future)
     deadline = time.monotonic() + 10
     while not events:
@@ -143,14 +146,30 @@ def test_cancel_drops_the_generation(fleet):
 
 
 def test_urgent_goals_are_served_first_under_contention(fleet):
-    _, robots, _, _ = fleet
-    normal = [robots.send(f'drone_n{i}', CAT) for i in range(8)]
-    urgent = robots.send('drone_u', 'a dog is chasing me', urgency='urgent')
-    for future, _ in [*normal, urgent]:
-        wait(wait(future).get_result_async())
-    urgent_first = urgent[1][0][1]
-    normal_firsts = sorted(events[0][1] for _, events in normal)
-    assert urgent_first < normal_firsts[len(normal_firsts) // 2]
+    """One generation at a time (max_batch 1): the urgent goal jumps the queued normal ones."""
+    planner = PlannerNode(namespace='contended',
+                          parameter_overrides=[Parameter('max_batch', value=1)])
+    robots = Robots('contended_robots', '/contended/plan')
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    executor.add_node(planner)
+    executor.add_node(robots)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert robots.client.wait_for_server(timeout_sec=10.0)
+        normal = [robots.send(f'drone_n{i}', CAT, report=False) for i in range(6)]
+        for future, _ in normal:
+            assert wait(future).accepted
+        urgent = robots.send('drone_u', 'a dog is chasing me', urgency='urgent', report=False)
+        for future, _ in [*normal, urgent]:
+            assert wait(wait(future).get_result_async()).result.success
+        urgent_first = urgent[1][0][1]
+        served_before = sum(events[0][1] < urgent_first for _, events in normal)
+        assert served_before <= 2, f'{served_before} normal goals were served first'
+    finally:
+        executor.shutdown()
+        planner.destroy_node()
+        robots.destroy_node()
 
 
 def test_the_recorder_bag_contains_the_run(fleet):
@@ -168,3 +187,12 @@ def test_the_recorder_bag_contains_the_run(fleet):
     assert ''.join(s.text for s in mine) == result.plan
     done = [d for d in trace.segment_done if d.robot_id == 'drone_r']
     assert len(done) == result.segment_count and all(d.success for d in done)
+
+
+def test_a_goal_without_execution_tracking_ends_when_generated(fleet):
+    _, robots, _, _ = fleet
+    future, events = robots.send('drone_cli', CAT, report=False)
+    result = wait(wait(future).get_result_async()).result
+    assert result.success and result.segment_count == 2 == len(events)
+    assert result.plan == ''.join(e[3] for e in events)
+    assert result.response_time_s == -1.0     # nobody executed it

@@ -50,7 +50,8 @@ def goal_from_msg(goal: Any) -> PlanGoal:
     if not goal.robot_kind.strip():
         raise GoalError(f'{goal.robot_id}: the goal names no robot kind')
     return PlanGoal(robot_id=goal.robot_id, robot_kind=goal.robot_kind.strip(), task=goal.task,
-                    urgency=urgency, tuf=tuf)
+                    urgency=urgency, tuf=tuf,
+                    wait_for_execution=bool(getattr(goal, 'wait_for_execution', True)))
 
 
 def segment_to_msg(generation: Generation, segment: Segment, origin_s: float, cls: type,
@@ -123,7 +124,7 @@ def skill_record_from_msg(msg: Any) -> SkillRecord:
 def result_fields(generation: Generation) -> dict[str, Any]:
     """The PlanTask result of an ended goal."""
     metrics = task_metrics(generation)
-    finished = generation.status == TaskStatus.FINISHED
+    finished = generation.status in (TaskStatus.FINISHED, TaskStatus.GENERATED)
 
     def finite(value: float) -> float:
         return value if math.isfinite(value) else -1.0

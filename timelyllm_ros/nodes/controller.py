@@ -68,7 +68,8 @@ class RobotControllerNode(Node):
     def task_callback(self, msg: String) -> None:
         """Send a plan goal for a task (non-blocking: callbacks chain the rest)."""
         goal = PlanTask.Goal(robot_id=self.robot_id, robot_kind=self.profile.name,
-                             task=msg.data, urgency=self.get_parameter('urgency').value)
+                             task=msg.data, urgency=self.get_parameter('urgency').value,
+                             wait_for_execution=True)
         if not self.plan_client.wait_for_server(timeout_sec=5.0):
             self.get_logger().error('no planner action server')
             return
