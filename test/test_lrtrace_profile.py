@@ -65,8 +65,11 @@ def test_tello_emulator_profile_fit_round_trip(tmp_path, capsys):
     pytest.importorskip('djitellopy')
     from lrtrace.profiling import profile_robot
 
-    run = profile_robot('tello', 'emulator', tmp_path / 'tello', grid=4, repeats=1)
-    assert run.time_scale == 0.05 and set(run.samples) == TELLO_FITTED
+    # A larger time scale than the CLI default keeps client/emulator overhead (which grows when
+    # the 2 CI cores are busy) far below 5 % of every measured duration.
+    run = profile_robot('tello', 'emulator', tmp_path / 'tello', grid=4, repeats=1,
+                        time_scale=0.1)
+    assert run.time_scale == 0.1 and set(run.samples) == TELLO_FITTED
     assert all(count == 4 for count in run.samples.values())
     assert set(run.skipped) == TELLO_SKIPPED
     assert 'perception source' in run.skipped['scan']
@@ -74,7 +77,7 @@ def test_tello_emulator_profile_fit_round_trip(tmp_path, capsys):
     assert run.meta['unstamped_calls'] == '0'
     print(f'tello profile: {run.wall_s:.1f} s')
     info = read_bag(tmp_path / 'tello').info
-    assert info['emulator'] == 'TelloEmulator' and float(info['time_scale']) == 0.05
+    assert info['emulator'] == 'TelloEmulator' and float(info['time_scale']) == 0.1
     assert set(json.loads(info['reference_models'])) == TELLO_FITTED
     report = _fit_json(tmp_path / 'tello', 'tello', capsys)
     distances, degrees = [20, 180, 340, 500], [1, 121, 240, 360]
@@ -88,11 +91,11 @@ def test_indy7_emulator_profile_fit_round_trip_through_the_cli(tmp_path, capsys)
     pytest.importorskip('grpc')
     bag = tmp_path / 'indy7'
     assert main(['profile', '--robot', 'indy7', '--backend', 'emulator', '--grid', '4',
-                 '--repeats', '1', '--out', str(bag)]) == 0
+                 '--repeats', '1', '--time-scale', '0.5', '--out', str(bag)]) == 0
     out = capsys.readouterr().out
-    assert 'time_scale 0.25' in out and 'skipped detect:' in out
+    assert 'time_scale 0.5' in out and 'skipped detect:' in out
     info = read_bag(bag).info
-    assert info['emulator'] == 'Indy7Emulator' and float(info['time_scale']) == 0.25
+    assert info['emulator'] == 'Indy7Emulator' and float(info['time_scale']) == 0.5
     # The way back to the zero pose is performed but not recorded: 4 samples per move skill.
     assert len(read_bag(bag).skills) == 4 * len(INDY7_FITTED)
     report = _fit_json(bag, 'indy7', capsys)
