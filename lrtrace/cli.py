@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.errors import TimelyError
+from timelyllm_ros.errors import run_command
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -243,11 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``lrtrace`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except TimelyError as err:
-        print(f'ERROR: {err}', file=sys.stderr)
-        return 1
+    return run_command(args.func, args)
 
 
 if __name__ == '__main__':

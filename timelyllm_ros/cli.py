@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from timelyllm_ros.errors import TimelyError
+from timelyllm_ros.errors import run_command
 from timelyllm_ros.scheduler import SchedulerConfig
 
 _TABLE_METRICS = (('tasks', 'tasks', '{:d}'), ('completed', 'done', '{:d}'),
@@ -235,11 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args))
-    except TimelyError as err:
-        print(f'ERROR: {err}', file=sys.stderr)
-        return 1
+    return run_command(args.func, args)
 
 
 if __name__ == '__main__':

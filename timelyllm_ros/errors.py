@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from typing import Any
+
 
 class TimelyError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -41,3 +45,12 @@ class TraceFormatError(TimelyError):
 
 class RobotError(TimelyError):
     """A robot backend refused or failed to execute a skill."""
+
+
+def run_command(command: Callable[[Any], int], args: Any) -> int:
+    """Run a CLI command; a TimelyError is printed as ``ERROR: …`` and gives exit status 1."""
+    try:
+        return int(command(args))
+    except TimelyError as err:
+        print(f'ERROR: {err}', file=sys.stderr)
+        return 1

@@ -16,7 +16,6 @@ import rclpy
 from builtin_interfaces.msg import Time
 from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -25,6 +24,7 @@ from timelyllm_ros.clock import SystemClock
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.msg import SegmentDone, SkillExecution
 from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes._spin import spin_until_shutdown
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import open_backend
@@ -135,11 +135,4 @@ class RobotControllerNode(Node):
 def run(node_name: str, default_kind: str, args: list[str] | None = None) -> None:
     """Spin a controller node until shutdown."""
     rclpy.init(args=args)
-    node = RobotControllerNode(node_name, default_kind)
-    try:
-        rclpy.spin(node, executor=MultiThreadedExecutor())
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(RobotControllerNode(node_name, default_kind))

@@ -14,7 +14,6 @@ import time
 from collections import defaultdict
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -22,6 +21,7 @@ from lrtrace.recorder import TraceRecorder
 from lrtrace.workloads import resolve_workload
 from timelyllm_ros.msg import Segment, SegmentDone, SkillExecution
 from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes._spin import spin_until_shutdown
 
 
 class LrtraceRecorderNode(Node):
@@ -118,21 +118,11 @@ class LrtraceReplayerNode(Node):
                     f' waiting {mean("waiting_time_s"):.3f} s' if mean else ''))
 
 
-def _spin(node: Node) -> None:
-    try:
-        rclpy.spin(node, executor=MultiThreadedExecutor())
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
-
-
 def recorder_main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
-    _spin(LrtraceRecorderNode())
+    spin_until_shutdown(LrtraceRecorderNode())
 
 
 def replayer_main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
-    _spin(LrtraceReplayerNode())
+    spin_until_shutdown(LrtraceReplayerNode())

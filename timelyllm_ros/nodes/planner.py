@@ -16,7 +16,6 @@ import rclpy
 from builtin_interfaces.msg import Time
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import String
 
@@ -24,6 +23,7 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.msg import SchedulerState, Segment, SegmentDone
 from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes._spin import spin_until_shutdown
 from timelyllm_ros.service import PlannerService
 
 
@@ -132,11 +132,4 @@ EXECUTOR_THREADS = 128
 
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
-    node = PlannerNode()
-    try:
-        rclpy.spin(node, executor=MultiThreadedExecutor(num_threads=EXECUTOR_THREADS))
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(PlannerNode(), num_threads=EXECUTOR_THREADS)
