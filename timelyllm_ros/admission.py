@@ -33,6 +33,7 @@ class AdmissionContext:
     recent_step_s: float | None                 # observed decode-step time, None before any
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile
     urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
+    queued: Sequence[Generation] = ()           # generations in the queue (do not mutate)
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:

@@ -91,6 +91,11 @@ class GenerationQueue:
     def at(self, row: int) -> Generation:
         return self._items[row]
 
+    @property
+    def generations(self) -> list[Generation]:
+        """The queued generations, row order (the live list: read, do not mutate)."""
+        return self._items
+
     def view(self, comm_s: float) -> QueueView:
         n = len(self._items)
         columns = self._data[:, :n]

@@ -20,6 +20,7 @@ class TaskStatus(enum.IntEnum):
     FINISHED = 4     # generation ended and every segment executed
     FAILED = 5       # no executable plan, engine failure or robot failure
     CANCELLED = 6    # the client cancelled the goal
+    KILLED = 7       # ended by the policy for overrunning its time budget (TimeBill's Kill)
 
     @property
     def terminal(self) -> bool:

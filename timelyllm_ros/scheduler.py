@@ -2,10 +2,12 @@
 
 Each :meth:`Scheduler.tick`:
 
-1. refreshes the priority of every queued generation (initial and suspended) at the current
+1. ends the generations the policy kills and takes out of the batch those it preempts
+   (optional policy hooks, see :mod:`timelyllm_ros.policies.base`);
+2. refreshes the priority of every queued generation (initial and suspended) at the current
    time and admits the best ones while the policy's admission test allows (:meth:`decide`);
-2. runs one engine iteration;
-3. feeds each new token piece to its generation's segmenter; when a segment is cut it is
+3. runs one engine iteration (over the policy's decode mask, if it has one);
+4. feeds each new token piece to its generation's segmenter; when a segment is cut it is
    dispatched to the robot (streaming policies) and the generation is suspended with its
    token ids and KV kept (segmented policies), re-entering the queue with the time the robot
    will need its next segment as priority input; when a generation ends, its last segment is
@@ -123,6 +125,7 @@ class Scheduler:
             prefix_tokens=spec.prompt_tokens - spec.task_tokens if spec.task_tokens else 0,
         ))
         self.queue.push(generation, profile.segment_generation_s)
+        self.policy.on_submit(generation, self.clock.now())
         return generation
 
     def cancel(self, task_id: str, reason: str = 'cancelled by the client') -> Generation:
@@ -186,7 +189,7 @@ class Scheduler:
         if n == 0:
             return admitted
         now = self.clock.now()
-        cap = min(self.config.max_batch or self.engine.max_num_seqs, self.engine.max_num_seqs)
+        cap = self._cap
         if len(self._running) >= cap:
             return admitted
         view = self.queue.view(self.config.comm_s)
@@ -198,11 +201,7 @@ class Scheduler:
             if len(ties) > 1:
                 row = int(ties[np.argmin(seq[ties])])
             candidate = self.queue.at(row)
-            ctx = AdmissionContext(
-                now=now, comm_s=self.config.comm_s, engine=self.engine,
-                running=list(self._running.values()), max_batch=cap,
-                recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
-                urgency_tie_s=self._segment_generation_s)
+            ctx = self._context(now)
             if not self.policy.admit(candidate, ctx):
                 if not self._running and not self.engine.can_run(candidate.task_id):
                     self._end(candidate, TaskStatus.FAILED,
@@ -215,6 +214,10 @@ class Scheduler:
             n -= 1
             priorities[row] = priorities[n]   # the queue moved its last row into this one
             self.engine.run(candidate.task_id)
+            if self.engine.supports_kv_compression and candidate.tokens == 0:
+                ratio = self.policy.kv_evict_ratio(candidate, ctx)
+                if ratio:
+                    self.engine.compress_kv(candidate.task_id, ratio)
             candidate.status = TaskStatus.RUNNING
             self._running[candidate.task_id] = candidate
             admitted.append(candidate)
@@ -224,11 +227,13 @@ class Scheduler:
         """One decision and one engine iteration; returns what to send to robots."""
         self.ticks += 1
         out = TickResult()
+        self._steer(out)
         self.decide()
         if not self._running:
             return out
+        mask = self.policy.decode_mask(self._context(self.clock.now()))
         try:
-            result = self.engine.step()
+            result = self.engine.step(mask)
         except EngineError as err:
             for generation in list(self._running.values()):
                 self._end(generation, TaskStatus.FAILED, f'engine failure: {err}', out)
@@ -238,6 +243,9 @@ class Scheduler:
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
         self._note_speed(result)
         now = self.clock.now()
+        stepped = [self._running[r] for r in (*result.tokens, *result.finished)
+                   if r in self._running]
+        self.policy.on_step(result, stepped, self._context(now))
         for task_id, piece in result.tokens.items():
             generation = self._running.get(task_id)
             if generation is None:
@@ -254,11 +262,45 @@ class Scheduler:
         for task_id in result.preempted:
             generation = self._running.pop(task_id, None)
             if generation is not None:
-                generation.preemptions += 1
-                generation.status = TaskStatus.WAITING if generation.k == 0 else (
-                    TaskStatus.SUSPENDED)
-                self.queue.push(generation, self._profile(generation).segment_generation_s)
+                self._requeue_preempted(generation)
         return out
+
+    def _steer(self, out: TickResult) -> None:
+        """Apply the policy's kills and preemptions before this tick's admission."""
+        ctx = self._context(self.clock.now())
+        for task_id, reason in self.policy.overruns(ctx).items():
+            generation = self.generations.get(task_id)
+            if generation is not None and generation.status < TaskStatus.GENERATED:
+                self._end(generation, TaskStatus.KILLED, reason, out)
+        preempt = self.policy.preempt(self._context(self.clock.now()))
+        for task_id, where in preempt.items():
+            generation = self._running.pop(task_id, None)
+            if generation is None:
+                continue
+            if where == 'keep':
+                self.engine.pause(task_id)
+            else:
+                try:
+                    self.engine.evict(task_id, where)
+                except EngineError:
+                    self.engine.pause(task_id)   # engines that cannot evict keep the KV
+            self._requeue_preempted(generation)
+
+    def _requeue_preempted(self, generation: Generation) -> None:
+        generation.preemptions += 1
+        generation.status = TaskStatus.WAITING if generation.k == 0 else TaskStatus.SUSPENDED
+        self.queue.push(generation, self._profile(generation).segment_generation_s)
+
+    @property
+    def _cap(self) -> int:
+        return min(self.config.max_batch or self.engine.max_num_seqs, self.engine.max_num_seqs)
+
+    def _context(self, now: float) -> AdmissionContext:
+        return AdmissionContext(
+            now=now, comm_s=self.config.comm_s, engine=self.engine,
+            running=list(self._running.values()), max_batch=self._cap,
+            recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
+            urgency_tie_s=self._segment_generation_s, queued=self.queue.generations)
 
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float, out: TickResult) -> None:
@@ -274,6 +316,7 @@ class Scheduler:
             generation.status = TaskStatus.SUSPENDED
             generation.suspensions += 1
             self.queue.push(generation, self._profile(generation).segment_generation_s)
+        self.policy.on_cut(generation, now)
 
     def _on_finish(self, generation: Generation, reason: str, now: float,
                    out: TickResult) -> None:
@@ -293,6 +336,7 @@ class Scheduler:
             return
         self._release(generation)
         generation.status = TaskStatus.GENERATED
+        self.policy.on_end(generation, now)
         self._maybe_finished(generation, out)
 
     def _dispatch(self, generation: Generation, statements: tuple[Statement, ...], text: str,
@@ -323,10 +367,13 @@ class Scheduler:
 
     def _end(self, generation: Generation, status: TaskStatus, error: str,
              out: TickResult | None = None) -> None:
+        was_generating = generation.status < TaskStatus.GENERATED
         generation.status = status
         generation.error = error
         generation.done_time = self.clock.now()
         self._release(generation)
+        if was_generating:
+            self.policy.on_end(generation, generation.done_time)
         if out is not None:
             out.ended.append(generation)
 

@@ -10,10 +10,14 @@ Engines do not know about time utility, segments or robots.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
+
+from timelyllm_ros.errors import EngineError
 
 FinishReason = Literal['eos', 'length']
+EvictTo = Literal['host', 'none']   # KV swapped to host memory, or dropped (recompute on resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,8 @@ class StepResult:
     finished: dict[str, FinishReason] = field(default_factory=dict)  # request id -> why it ended
     preempted: tuple[str, ...] = ()                            # lost their KV: must be re-run
     prefill_tokens: int = 0                                    # tokens prefilled this step
+    prefix_cached_tokens: int = 0      # prompt tokens of (re)joining generations served from
+                                       # kept or cached KV instead of being prefilled
     batch_size: int = 0                                        # generations in the iteration
 
 
@@ -69,8 +75,33 @@ class Engine(ABC):
         """Forget a generation and free all its memory."""
 
     @abstractmethod
-    def step(self) -> StepResult:
-        """Run one iteration over the running batch."""
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        """Run one iteration over the running batch.
+
+        ``only`` restricts a decode iteration to these running generations (a decode mask);
+        the other running ones stay resident and idle. Newly joined generations are prefilled
+        whatever the mask.
+        """
+
+    # -- optional capabilities: rival policies use them where the engine has them ----------
+    supports_kv_compression: ClassVar[bool] = False
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        """Take a generation out of the batch and move its KV to host memory (``'host'``) or
+        drop it (``'none'``: rebuilt from the kept token ids when it runs again).
+
+        Raises:
+            EngineError: the engine cannot evict.
+        """
+        raise EngineError(f'{type(self).__name__} cannot evict KV caches')
+
+    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        """Evict a fraction of the prompt's KV after prefill (TimeBill's α; SnapKV-style).
+
+        Raises:
+            EngineError: the engine has no KV compression (``supports_kv_compression``).
+        """
+        raise EngineError(f'{type(self).__name__} cannot compress KV caches')
 
     @abstractmethod
     def decode_step_s(self, batch_size: int) -> float:

@@ -99,6 +99,31 @@ class KvCacheManager:
         if self._contexts[request_id].location == 'gpu':
             self._paused_on_gpu[request_id] = None
 
+    def swap_out(self, request_id: str) -> bool:
+        """Move a context from the GPU to host memory; False if host memory is full."""
+        context = self._contexts[request_id]
+        if context.location != 'gpu':
+            return context.location == 'host'
+        size = self.blocks(context.tokens)
+        if self._host_used + size > self.host_blocks:
+            return False
+        self._free(request_id, context)
+        self._host_used += size
+        context.location = 'host'
+        self.swaps_out += 1
+        return True
+
+    def shrink(self, request_id: str, tokens: int) -> None:
+        """Forget ``tokens`` of a context (KV compression), freeing the blocks they filled."""
+        context = self._contexts[request_id]
+        tokens = min(max(tokens, 0), context.tokens)
+        freed = self.blocks(context.tokens) - self.blocks(context.tokens - tokens)
+        if context.location == 'gpu':
+            self._gpu_used -= freed
+        elif context.location == 'host':
+            self._host_used -= freed
+        context.tokens -= tokens
+
     def drop(self, request_id: str) -> None:
         """Free a context's memory but remember its length (it will be re-prefilled)."""
         context = self._contexts[request_id]

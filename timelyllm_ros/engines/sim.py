@@ -14,9 +14,10 @@ that kind prefill only their task line, and the prefix's KV blocks are counted o
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, FinishReason, StepResult
+from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
 from timelyllm_ros.engines.calibration import Calibration, load_calibration
 from timelyllm_ros.engines.kv import KvCacheManager
 from timelyllm_ros.errors import EngineError
@@ -28,10 +29,14 @@ class _Generation:
     emitted: int = 0            # output tokens produced so far (EOS excluded)
     prefill_tokens: int = 0     # tokens to (re)compute before the next token
     swap_in_tokens: int = 0     # tokens to bring back from host memory
+    evict_ratio: float = 0.0    # share of the prompt's KV evicted after prefill (TimeBill)
+    evicted_tokens: int = 0     # prompt tokens no longer attended to
 
 
 class SimulatedEngine(Engine):
     """A latency-model engine; deterministic for a given sequence of calls."""
+
+    supports_kv_compression = True
 
     def __init__(
         self,
@@ -70,6 +75,8 @@ class SimulatedEngine(Engine):
         self.prefix_misses = 0
         self.steps = 0
         self.busy_s = 0.0
+        self._pending_cached = 0   # prompt tokens of generations joined since the last step
+                                   # that were not recomputed (kept, swapped in, cached prefix)
 
     # -- Engine interface ------------------------------------------------------------------
     def register(self, request: EngineRequest) -> None:
@@ -116,16 +123,20 @@ class SimulatedEngine(Engine):
             raise EngineError(f'request {request_id!r} does not fit in KV memory now')
         before = self.kv.place(request_id, self.lookahead_tokens)
         tokens = self.kv.tokens(request_id)
+        request = generation.request
+        shared = self._shared_tokens(request)
         if before == 'none':
             generation.prefill_tokens = self._prefill_tokens(request_id)
-            request = generation.request
-            if self._shared_tokens(request):
+            if shared:
                 hit = request.prefix_id in self._cached_prefixes
                 self.prefix_hits += hit
                 self.prefix_misses += not hit
                 self._cached_prefixes.add(request.prefix_id)  # type: ignore[arg-type]
-        elif before == 'host':
-            generation.swap_in_tokens = tokens
+                self._pending_cached += shared if hit else 0
+        else:
+            if before == 'host':
+                generation.swap_in_tokens = tokens
+            self._pending_cached += tokens + shared
         self._running[request_id] = None
 
     def pause(self, request_id: str) -> None:
@@ -142,9 +153,28 @@ class SimulatedEngine(Engine):
         if not self._running:
             context = batch_size * self.calibration.decode_ms.reference_context_tokens
         else:
-            mean = sum(self.kv.tokens(r) for r in self._running) / len(self._running)
+            mean = sum(self._attended_tokens(r) for r in self._running) / len(self._running)
             context = int(batch_size * mean)
         return self.calibration.decode_s(batch_size, context)
+
+    def _attended_tokens(self, request_id: str) -> int:
+        """Context a decode step reads for this generation: its own KV plus the shared prompt
+        prefix (stored once, read by every sequence), less what compression evicted."""
+        generation = self._generations[request_id]
+        return (self.kv.tokens(request_id) + self._shared_tokens(generation.request)
+                - generation.evicted_tokens)
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        self._get(request_id)
+        self._running.pop(request_id, None)
+        if to == 'host' and self.kv.swap_out(request_id):
+            return
+        self.kv.drop(request_id)
+
+    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        if not 0.0 <= evict_ratio < 1.0:
+            raise EngineError(f'evict ratio must be in [0, 1), got {evict_ratio}')
+        self._get(request_id).evict_ratio = evict_ratio
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -154,7 +184,7 @@ class SimulatedEngine(Engine):
     def max_num_seqs(self) -> int:
         return self._max_num_seqs
 
-    def step(self) -> StepResult:
+    def step(self, only: Collection[str] | None = None) -> StepResult:
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
             raise EngineError(f'simulated engine failure at iteration {self.steps}')
@@ -170,17 +200,22 @@ class SimulatedEngine(Engine):
             duration = cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
             producing = [r for r in prefilling if self._generations[r].prefill_tokens]
             for r in prefilling:
-                self._generations[r].prefill_tokens = 0
-                self._generations[r].swap_in_tokens = 0
+                generation = self._generations[r]
+                if generation.prefill_tokens and generation.evict_ratio:
+                    self._compress(r, generation)
+                generation.prefill_tokens = 0
+                generation.swap_in_tokens = 0
+            batch_size = len(self._running)   # the stalled decodes are in the batch too
         else:
             new_tokens = 0
-            producing = list(self._running)
-            context = sum(self.kv.tokens(r) for r in producing)
+            producing = [r for r in self._running if only is None or r in only] or list(
+                self._running)
+            context = sum(self._attended_tokens(r) for r in producing)
             duration = cal.decode_s(len(producing), context)
+            batch_size = len(producing)
         tokens: dict[str, str] = {}
         finished: dict[str, FinishReason] = {}
         preempted: list[str] = []
-        batch_size = len(self._running)
         for request_id in producing:
             generation = self._generations[request_id]
             request = generation.request
@@ -204,10 +239,19 @@ class SimulatedEngine(Engine):
         self.busy_s += duration
         if self.realtime:
             time.sleep(duration)
+        cached, self._pending_cached = self._pending_cached, 0
         return StepResult(
             duration_s=duration, tokens=tokens, finished=finished, preempted=tuple(preempted),
-            prefill_tokens=new_tokens, batch_size=batch_size,
+            prefill_tokens=new_tokens, prefix_cached_tokens=cached, batch_size=batch_size,
         )
+
+    def _compress(self, request_id: str, generation: _Generation) -> None:
+        """Evict a share of the prompt's attention context once it is prefilled; the
+        generation's own KV blocks shrink with it (a shared prefix's blocks stay, shared)."""
+        request = generation.request
+        generation.evicted_tokens = int(generation.evict_ratio * request.prompt_tokens)
+        own_prompt = request.prompt_tokens - self._shared_tokens(request)
+        self.kv.shrink(request_id, min(generation.evicted_tokens, own_prompt))
 
     def _get(self, request_id: str) -> _Generation:
         try:

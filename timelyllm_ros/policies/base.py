@@ -1,22 +1,40 @@
-"""The policy plug-in interface: how generations are ranked and admitted.
+"""The policy plug-in interface: how generations are ranked, admitted and (optionally) steered.
 
-A policy says three things: whether generations are suspended at segment boundaries
-(``segmented``), whether segments are sent to the robot as they are cut (``streaming``; if not,
-the whole plan is sent when generation ends), and, at each decision, the priority of every
-queued generation (higher runs sooner) plus whether the best one may join the batch.
-The scheduler loop never changes to add a policy.
+A policy says whether generations are suspended at segment boundaries (``segmented``),
+whether segments are sent to the robot as they are cut (``streaming``; if not, the whole plan
+is sent when generation ends), and, at each decision, the priority of every queued generation
+(higher runs sooner) plus whether the best one may join the batch. That is all TimelyLLM and
+the paper's baselines need.
+
+The rival schedulers steer more of the loop, through optional hooks with do-nothing
+defaults, each called by the scheduler at one point of every tick:
+
+1. :meth:`Policy.overruns`  -- generations to kill (TimeBill's Kill);
+2. :meth:`Policy.preempt`   -- running generations to take out of the batch, keeping their KV
+   resident, swapping it to host or dropping it (Semantic Scheduling, Autellix, SLICE);
+3. ranking and admission (:meth:`priorities`, :meth:`admit`), then :meth:`kv_evict_ratio` for
+   each admitted generation (TimeBill's α);
+4. :meth:`decode_mask` -- which running generations decode in this iteration (SLICE);
+5. the engine iteration, then the observers :meth:`on_step`, :meth:`on_cut`, :meth:`on_end`;
+   :meth:`on_submit` runs when a request arrives.
+
+The scheduler loop never changes to add a policy; policy state lives in the policy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Collection, Mapping, Sequence
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.engines.base import StepResult
 from timelyllm_ros.queue import QueueView
 from timelyllm_ros.request import Generation
+
+Eviction = Literal['keep', 'host', 'none']   # KV stays resident / swapped to host / dropped
 
 
 class Policy(ABC):
@@ -34,3 +52,40 @@ class Policy(ABC):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         """Whether ``candidate`` (the best queued generation) may join the batch now."""
         return fits(candidate, ctx)
+
+    # -- optional steering hooks ------------------------------------------------------------
+    def overruns(self, ctx: AdmissionContext) -> Mapping[str, str]:
+        """Generations (running or queued) to end now, each with the reason (Kill)."""
+        return {}
+
+    def preempt(self, ctx: AdmissionContext) -> Mapping[str, Eviction]:
+        """Running generations to take out of the batch before admission, and where their KV
+        goes. They re-enter the queue and keep their token ids."""
+        return {}
+
+    def kv_evict_ratio(self, generation: Generation, ctx: AdmissionContext) -> float | None:
+        """Share of the prompt's KV to evict once ``generation`` is prefilled (None: keep all).
+        Asked only when the engine supports KV compression."""
+        return None
+
+    def decode_mask(self, ctx: AdmissionContext) -> Collection[str] | None:
+        """Running generations to decode in this iteration (None: all of them)."""
+        return None
+
+    # -- observers --------------------------------------------------------------------------
+    def on_submit(self, generation: Generation, now: float) -> None:
+        """A request was queued."""
+        return
+
+    def on_step(self, result: StepResult, stepped: Sequence[Generation],
+                ctx: AdmissionContext) -> None:
+        """An engine iteration advanced ``stepped`` (the clock already moved past it)."""
+        return
+
+    def on_cut(self, generation: Generation, now: float) -> None:
+        """A segment of ``generation`` was cut (for segmented policies: it is now suspended)."""
+        return
+
+    def on_end(self, generation: Generation, now: float) -> None:
+        """``generation`` stopped generating for good (generated, failed or cancelled)."""
+        return
