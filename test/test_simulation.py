@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.simulation import SimulationResult, simulate
-from timelyllm_ros.tuf import NORMAL
+from timelyllm_ros.tuf import NORMAL, Tuf
 
 COMM = SchedulerConfig().comm_s
 HOT = WorkloadSpec(name='hot', eps=1.0, max_tpe=8, trace_ids=list(range(1, 9)), agents=25,
@@ -279,6 +280,27 @@ def test_aggregate_by_hand() -> None:
     assert m['completion_time_mean_s'] == pytest.approx(4.0)      # (5 + 3) / 2
     assert m['response_time_p95_s'] == pytest.approx(0.35 + 0.95 * 0.15)
     assert m['plan_utility_mean'] == pytest.approx(5.0 / 3)
+
+
+def test_rival_metrics_by_hand() -> None:
+    rows = [*ROWS, _row('k', 'urgent', 'T10', 'KILLED', 0.0, 0.0, 0.0, 0.0, 2.0, 0.0)]
+    rows[0] = replace(rows[0], slo_met=True)
+    m = aggregate(rows)
+    assert m['killed'] == 1
+    assert m['completion_rate'] == pytest.approx(2 / 4)
+    assert m['slo_attainment'] == pytest.approx(1 / 4)
+    assert m['response_time_p99_s'] == pytest.approx(0.35 + 0.99 * 0.15)
+    assert m['completion_time_p95_s'] == pytest.approx(3.0 + 0.95 * 2.0)
+    assert m['completion_time_p99_s'] == pytest.approx(3.0 + 0.99 * 2.0)
+
+
+def test_slo_met_means_completed_within_ert() -> None:
+    tasks = [make_spec('fast', tuf=Tuf(beta=1.0, ert_s=10.0, alpha=-1.0)),
+             make_spec('slow', tuf=Tuf(beta=1.0, ert_s=0.0, alpha=-1.0))]
+    result = simulate(tasks, 'timelyllm', seed=0)
+    by_id = {g.task_id: task_metrics(g) for g in result.generations}
+    assert by_id['fast'].slo_met
+    assert not by_id['slow'].slo_met          # any response time > 0 misses an ERT of 0
 
 
 def test_aggregate_empty_and_all_failed() -> None:

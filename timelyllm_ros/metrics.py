@@ -6,7 +6,13 @@
 * completion     = end of the last segment − arrival = Σ_k (W(s_k) + E(s_k));
 * plan utility   = TUF₀(W(s₀)) + Σ_{k≥1} TUF₁(W(s_k)), the objective of Eq. 3.
 
-A task that did not complete earns no utility (0) and is left out of the time means.
+The rival schedulers optimise other figures, reported beside these: the completion rate
+(TimeBill, whose Kill ends tasks), SLO attainment (SLICE; here a task meets its SLO when it
+completes and its response time is within the ERT of its TUF₀, i.e. at full utility) and tail
+latencies (Autellix: p95 / p99).
+
+A task that did not complete earns no utility (0) and is left out of the time means and
+percentiles.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class TaskMetrics:
     plan_utility: float
     suspensions: int
     error: str
+    slo_met: bool = False
 
     @property
     def completed(self) -> bool:
@@ -73,6 +80,7 @@ def task_metrics(generation: Generation) -> TaskMetrics:
         completion_time_s=(segments[-1].end_time - spec.arrival_time) if finished else nan,
         utility=tuf.utility(response) if finished else 0.0, utility_max=tuf.beta,
         plan_utility=plan_utility, suspensions=generation.suspensions, error=generation.error,
+        slo_met=finished and response <= tuf.ert_s,
     )
 
 
@@ -81,20 +89,31 @@ def _mean(values: Iterable[float]) -> float:
     return float(np.mean(data)) if data else math.nan
 
 
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else math.nan
+
+
 def aggregate(rows: Sequence[TaskMetrics]) -> dict[str, float | int]:
     """The summary M of a group of tasks (the ``summary.json`` contract)."""
     done = [r for r in rows if r.completed]
     n = len(rows)
+    responses = [r.response_time_s for r in done]
+    completions = [r.completion_time_s for r in done]
     return {
         'tasks': n,
         'completed': len(done),
+        'killed': sum(r.status == TaskStatus.KILLED.name for r in rows),
+        'completion_rate': len(done) / n if n else math.nan,
+        'slo_attainment': sum(r.slo_met for r in rows) / n if n else math.nan,
         'utility_mean': _mean(r.utility for r in rows) if rows else math.nan,
         'utility_max': (sum(r.utility_max for r in rows) / n) if n else math.nan,
-        'response_time_mean_s': _mean(r.response_time_s for r in done),
+        'response_time_mean_s': _mean(responses),
         'waiting_time_mean_s': _mean(r.waiting_time_s for r in done),
-        'completion_time_mean_s': _mean(r.completion_time_s for r in done),
-        'response_time_p95_s': (float(np.percentile([r.response_time_s for r in done], 95))
-                                if done else math.nan),
+        'completion_time_mean_s': _mean(completions),
+        'response_time_p95_s': _percentile(responses, 95),
+        'response_time_p99_s': _percentile(responses, 99),
+        'completion_time_p95_s': _percentile(completions, 95),
+        'completion_time_p99_s': _percentile(completions, 99),
         'plan_utility_mean': _mean(r.plan_utility for r in rows) if rows else math.nan,
     }
 

@@ -30,7 +30,7 @@ class _Generation:
     prefill_tokens: int = 0     # tokens to (re)compute before the next token
     swap_in_tokens: int = 0     # tokens to bring back from host memory
     evict_ratio: float = 0.0    # share of the prompt's KV evicted after prefill (TimeBill)
-    evicted_tokens: int = 0     # prompt tokens no longer attended to
+    evicted_tokens: int = 0     # shared-prefix tokens this generation no longer attends to
 
 
 class SimulatedEngine(Engine):
@@ -249,9 +249,10 @@ class SimulatedEngine(Engine):
         """Evict a share of the prompt's attention context once it is prefilled; the
         generation's own KV blocks shrink with it (a shared prefix's blocks stay, shared)."""
         request = generation.request
-        generation.evicted_tokens = int(generation.evict_ratio * request.prompt_tokens)
-        own_prompt = request.prompt_tokens - self._shared_tokens(request)
-        self.kv.shrink(request_id, min(generation.evicted_tokens, own_prompt))
+        evicted = int(generation.evict_ratio * request.prompt_tokens)
+        own = min(evicted, request.prompt_tokens - self._shared_tokens(request))
+        self.kv.shrink(request_id, own)
+        generation.evicted_tokens = evicted - own   # the rest lies in the shared prefix
 
     def _get(self, request_id: str) -> _Generation:
         try:
