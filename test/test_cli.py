@@ -8,10 +8,13 @@ import math
 
 import pytest
 
+from timelyllm_ros.bench import COMPARED_METRICS
 from timelyllm_ros.cli import main
 
 METRIC_KEYS = {'tasks', 'completed', 'utility_mean', 'utility_max', 'response_time_mean_s',
-               'waiting_time_mean_s', 'completion_time_mean_s'}
+               'waiting_time_mean_s', 'completion_time_mean_s', 'completion_rate',
+               'slo_attainment', 'response_time_p95_s', 'response_time_p99_s',
+               'completion_time_p95_s', 'completion_time_p99_s', 'killed'}
 
 
 @pytest.fixture(scope='module')
@@ -50,8 +53,9 @@ def test_bench_writes_tasks_csv_and_figures(wid1_bench):
     timely = [r for r in rows if r['policy'] == 'timelyllm']
     mean = sum(float(r['utility']) for r in timely) / len(timely)
     assert mean == pytest.approx(summary['policies']['timelyllm']['overall']['utility_mean'])
+    metric_figures = [f'metric_{m}.png' for m in COMPARED_METRICS]
     for name in ('fig5_utility.png', 'fig5_response.png', 'fig5_waiting.png',
-                 'fig8_policies.png'):
+                 'fig8_policies.png', *metric_figures):
         assert (wid1_bench / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 

@@ -19,12 +19,17 @@ from pathlib import Path
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
-from timelyllm_ros.plots import batch_sweep, paper_figures
+from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.request import TaskSpec
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.simulation import SimulationResult, simulate
 from timelyllm_ros.tuf import NORMAL, URGENT
+
+# Figures every policy is compared on, TimelyLLM's and those the rival schedulers optimise.
+COMPARED_METRICS = ('utility_mean', 'slo_attainment', 'completion_rate', 'response_time_mean_s',
+                    'response_time_p95_s', 'response_time_p99_s', 'waiting_time_mean_s',
+                    'completion_time_p99_s')
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,7 @@ def run_bench(
     }
     rows: list[dict[str, object]] = []
     by_type: dict[str, dict[str, dict[str, float | int]]] = {}
+    by_class: dict[str, dict[str, dict[str, float | int]]] = {}
     classes: set[str] = set()
     for policy in policies:
         if progress:
@@ -89,6 +95,8 @@ def run_bench(
         policy_summary = run_summary(result)
         summary['policies'][policy] = policy_summary  # type: ignore[index]
         by_type[policy] = policy_summary['by_type']  # type: ignore[assignment]
+        by_class[policy] = {**policy_summary['by_class'],  # type: ignore[dict-item]
+                            'overall': policy_summary['overall']}
         classes.update(policy_summary['by_class'])  # type: ignore[arg-type]
         for generation in result.generations:
             rows.append({'policy': policy, **as_row(task_metrics(generation))})
@@ -111,6 +119,7 @@ def run_bench(
         writer.writeheader()
         writer.writerows(rows)
     paper_figures(out, workload, by_type, sorted(classes))
+    metric_figures(out, workload, by_class, COMPARED_METRICS)
     return summary
 
 

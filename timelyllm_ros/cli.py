@@ -38,12 +38,13 @@ def format_table(title: str, rows: dict[str, dict[str, object]], label: str) -> 
     return '\n'.join(lines)
 
 
-def format_matrix(title: str, results: dict[str, dict[str, object]], metric: str) -> str:
-    """Rows = task types then classes then overall, columns = policies, cells = one metric."""
+def format_matrix(title: str, results: dict[str, dict[str, object]], metric: str,
+                  sections: Sequence[str] = ('by_type', 'by_class')) -> str:
+    """Rows = task types and/or classes, then overall; columns = policies; cells = one metric."""
     policies = list(results)
     first = next(iter(results.values()))
-    groups = [('by_type', g) for g in first['by_type']] + [  # type: ignore[union-attr]
-        ('by_class', g) for g in first['by_class']] + [('overall', 'overall')]  # type: ignore[union-attr]
+    groups = [(section, g) for section in sections
+              for g in first[section]] + [('overall', 'overall')]  # type: ignore[union-attr]
     with_max = metric == 'utility_mean'
     header = ['', *policies, *(['max'] if with_max else [])]
     body = []
@@ -102,7 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.bench import EngineOptions, run_bench
+    from timelyllm_ros.bench import COMPARED_METRICS, EngineOptions, run_bench
+    from timelyllm_ros.plots import METRIC_LABELS
     from timelyllm_ros.policies import resolve_policy_names
 
     name, tasks = _load_tasks(args)
@@ -132,6 +134,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        ('response_time_mean_s', 'response time (s)'),
                        ('waiting_time_mean_s', 'robot waiting time (s)')):
         print(format_matrix(f'{label} per task type', results, key))
+    for key in COMPARED_METRICS:
+        print(format_matrix(f'{METRIC_LABELS.get(key, key)} per task class', results, key,
+                            sections=('by_class',)))
     if 'batch_sweep' in summary:
         print('batch sweep (overall utility):', json.dumps(summary['batch_sweep']))
     print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures')

@@ -18,6 +18,11 @@ METRIC_LABELS = {
     'response_time_mean_s': 'response time (s)',
     'waiting_time_mean_s': 'robot waiting time (s)',
     'completion_time_mean_s': 'task completion time (s)',
+    'slo_attainment': 'SLO attainment (share of tasks)',
+    'completion_rate': 'completion rate',
+    'response_time_p95_s': 'response time p95 (s)',
+    'response_time_p99_s': 'response time p99 (s)',
+    'completion_time_p99_s': 'completion time p99 (s)',
 }
 
 
@@ -64,6 +69,15 @@ def batch_sweep(path: Path, sweep: Mapping[str, Mapping[int, float]], title: str
     fig.savefig(path, dpi=110, bbox_inches='tight')
     plt.close(fig)
     return path
+
+
+def metric_figures(out: Path, workload: str, by_class: Mapping[str, Summary],
+                   metrics: Sequence[str]) -> list[Path]:
+    """One figure per metric: a bar per policy for each task class and overall."""
+    return [grouped_bars(out / f'metric_{metric}.png', by_class, metric,
+                         f'{workload}: {METRIC_LABELS.get(metric, metric)}',
+                         show_max=metric == 'utility_mean')
+            for metric in metrics]
 
 
 def paper_figures(out: Path, workload: str, by_type: Mapping[str, Summary],
