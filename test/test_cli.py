@@ -87,6 +87,17 @@ def test_overhead_prints_ms_per_queue_size(capsys):
     assert all(math.isfinite(v) and v > 0 for v in result.values())
 
 
+def test_overhead_refuses_policies_it_cannot_measure_alike(capsys):
+    assert main(['overhead', '--queued', '8', '--repeats', '2', '--policy', 'vllm']) == 1
+    assert "'decision_ms_mean'" in capsys.readouterr().err
+
+
+def test_bench_reports_decision_overhead_per_policy(wid1_bench):
+    summary = json.loads((wid1_bench / 'summary.json').read_text())
+    for result in summary['policies'].values():
+        assert 0 < result['run']['decision_ms_mean'] < 1000
+
+
 def test_run_prints_tables(capsys):
     assert main(['run', '--workload', 'wid1', '--compose', '(1,6),2', '--policy',
                  'seg-fcfs']) == 0

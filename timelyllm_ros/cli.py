@@ -89,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     run = summary['run']
     print(f"simulated {run['sim_time_s']:.1f} s in {run['wall_time_s']:.2f} s wall "  # type: ignore[index]
           f"({run['speedup']:.0f}x real time), {run['engine_iterations']} engine iterations, "  # type: ignore[index]
-          f"mean batch {run['mean_batch_size']:.2f}")  # type: ignore[index]
+          f"mean batch {run['mean_batch_size']:.2f}, "  # type: ignore[index]
+          f"{run['decision_ms_mean']:.3f} ms deciding per iteration")  # type: ignore[index]
     for spec, reason in result.rejected:
         print(f'rejected {spec.task_id}: {reason}')
     failed = [g for g in result.generations if g.error]
@@ -137,6 +138,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for key in COMPARED_METRICS:
         print(format_matrix(f'{METRIC_LABELS.get(key, key)} per task class', results, key,
                             sections=('by_class',)))
+    print('scheduling overhead (ms deciding per engine iteration): ' + ', '.join(
+        f"{p} {r['run']['decision_ms_mean']:.3f}" for p, r in results.items()))  # type: ignore[union-attr]
     if 'batch_sweep' in summary:
         print('batch sweep (overall utility):', json.dumps(summary['batch_sweep']))
     print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures')

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -95,6 +96,7 @@ class Scheduler:
         self._seq = 0
         self.recent_step_s: float | None = None
         self.ticks = 0
+        self.decision_s = 0.0        # wall time spent deciding (policy hooks and admission)
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, spec: TaskSpec) -> Generation:
@@ -227,11 +229,13 @@ class Scheduler:
         """One decision and one engine iteration; returns what to send to robots."""
         self.ticks += 1
         out = TickResult()
+        started = time.perf_counter()
         self._steer(out)
         self.decide()
+        mask = self.policy.decode_mask(self._context(self.clock.now())) if self._running else None
+        self.decision_s += time.perf_counter() - started
         if not self._running:
             return out
-        mask = self.policy.decode_mask(self._context(self.clock.now()))
         try:
             result = self.engine.step(mask)
         except EngineError as err:
@@ -243,8 +247,8 @@ class Scheduler:
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
         self._note_speed(result)
         now = self.clock.now()
-        stepped = [self._running[r] for r in (*result.tokens, *result.finished)
-                   if r in self._running]
+        stepped = [self._running[r] for r in dict.fromkeys((*result.tokens, *result.finished))
+                   if r in self._running]   # once each, even with a token and a finish
         self.policy.on_step(result, stepped, self._context(now))
         for task_id, piece in result.tokens.items():
             generation = self._running.get(task_id)
@@ -276,6 +280,12 @@ class Scheduler:
         for task_id, where in preempt.items():
             generation = self._running.pop(task_id, None)
             if generation is None:
+                if where != 'keep' and task_id in self.queue:
+                    # A queued generation whose KV is still resident: evict it, keep it queued.
+                    try:
+                        self.engine.evict(task_id, where)
+                    except EngineError:
+                        pass                     # engines that cannot evict keep the KV
                 continue
             if where == 'keep':
                 self.engine.pause(task_id)

@@ -36,6 +36,7 @@ class SimulationResult:
     engine_busy_s: float               # simulated seconds the engine iterated
     ticks: int                         # scheduler ticks (engine iterations)
     batch_sizes: list[int]             # batch size of every decode/prefill iteration
+    decision_s: float = 0.0            # wall time the scheduler spent deciding
 
 
 def simulate(
@@ -124,4 +125,5 @@ def simulate(
     return SimulationResult(
         policy=policy, generations=generations, rejected=rejected, sim_time_s=clock.now(),
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,
+        decision_s=scheduler.decision_s,
         batch_sizes=batch_sizes)
