@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from timelyllm_ros.errors import PolicyError
+from timelyllm_ros.policies.autellix import AutellixAtlasPolicy, AutellixPolicy
 from timelyllm_ros.policies.base import Policy
 from timelyllm_ros.policies.baselines import (
     SegmentedEdfPolicy,
@@ -12,12 +13,17 @@ from timelyllm_ros.policies.baselines import (
     VllmPolicy,
     VllmStreamPolicy,
 )
+from timelyllm_ros.policies.semantic import SemanticPolicy
+from timelyllm_ros.policies.slice import SlicePolicy
+from timelyllm_ros.policies.timebill import TimeBillPolicy, TimeBillSkipNextPolicy
 from timelyllm_ros.policies.timelyllm import TimelyLlmArtifactPolicy, TimelyLlmPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (VllmPolicy, VllmStreamPolicy, SegmentedFcfsPolicy, SegmentedEdfPolicy,
-                TimelyLlmPolicy, TimelyLlmArtifactPolicy)
+                TimelyLlmPolicy, TimelyLlmArtifactPolicy,
+                SemanticPolicy, AutellixPolicy, AutellixAtlasPolicy,
+                TimeBillPolicy, TimeBillSkipNextPolicy, SlicePolicy)
 }
 PAPER_POLICIES = ('vllm', 'vllm-stream', 'seg-fcfs', 'seg-edf', 'timelyllm')
 

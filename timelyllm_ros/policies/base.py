@@ -60,7 +60,11 @@ class Policy(ABC):
 
     def preempt(self, ctx: AdmissionContext) -> Mapping[str, Eviction]:
         """Running generations to take out of the batch before admission, and where their KV
-        goes. They re-enter the queue and keep their token ids."""
+        goes. They re-enter the queue and keep their token ids.
+
+        A queued (suspended or preempted) generation may be named too, with ``'host'`` or
+        ``'none'``: its KV, if still resident, is swapped out or dropped and it stays queued
+        (priority-based KV eviction, Semantic Scheduling's Alg. 4)."""
         return {}
 
     def kv_evict_ratio(self, generation: Generation, ctx: AdmissionContext) -> float | None:
