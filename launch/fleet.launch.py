@@ -4,7 +4,9 @@
         policy:=timelyllm record:=true bag:=/tmp/fleet_bag
 
 Each controller runs in its own namespace (``drone_0``, ``arm_0``, …): send it a task with
-``ros2 topic pub --once /drone_0/task std_msgs/msg/String "{data: 'find the cat'}"``.
+``ros2 topic pub --once /drone_0/task std_msgs/msg/String "{data: 'find the cat'}"``. A robot
+executes one plan at a time; tasks that arrive meanwhile wait FIFO, at most
+``max_queued_tasks`` of them, further ones are refused (see ``<robot>/plan_results``).
 """
 
 from launch import LaunchDescription
@@ -16,6 +18,7 @@ from launch_ros.actions import Node
 
 def _controllers(context, *args, **kwargs):
     backend = LaunchConfiguration('backend').perform(context)
+    max_queued = int(LaunchConfiguration('max_queued_tasks').perform(context))
     nodes = []
     for kind, executable, count in (('drone', 'drone_controller', 'drones'),
                                     ('arm', 'arm_controller', 'arms')):
@@ -24,7 +27,8 @@ def _controllers(context, *args, **kwargs):
             nodes.append(Node(
                 package='timelyllm_ros', executable=executable, namespace=name,
                 name='controller', output='screen',
-                parameters=[{'robot_id': name, 'backend': backend}]))
+                parameters=[{'robot_id': name, 'backend': backend,
+                             'max_queued_tasks': max_queued}]))
     return nodes
 
 
@@ -38,6 +42,8 @@ def generate_launch_description():
         DeclareLaunchArgument('policy', default_value='timelyllm',
                               description='scheduling policy'),
         DeclareLaunchArgument('max_batch', default_value='0', description='0 = engine limit'),
+        DeclareLaunchArgument('max_queued_tasks', default_value='8',
+                              description='tasks a busy robot queues (FIFO) before refusing'),
         DeclareLaunchArgument('record', default_value='false',
                               description='start the LRTrace recorder'),
         DeclareLaunchArgument('bag', default_value='fleet_bag',

@@ -95,13 +95,19 @@ class TraceRecorder:
             provenance of fitted profiles.
         info: extra key/value pairs for the header (workload, policy, robot, ...).
         fsync: also ``fsync`` after each chunk (survives a power cut, not only a kill).
+        start_time: the log time (float seconds) of the header message: 0 by default (a
+            simulation's clock starts at 0); a live recorder, whose messages carry wall-clock
+            times, passes the time it starts, so that the bag's start and duration (``ros2
+            bag info``) are those of the recording.
     """
 
     def __init__(self, path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE, source: str = '',
-                 info: Mapping[str, str] | None = None, fsync: bool = False) -> None:
+                 info: Mapping[str, str] | None = None, fsync: bool = False,
+                 start_time: float = 0.0) -> None:
         if chunk_size <= 0:
             raise ValueError('chunk_size must be > 0')
         self.path = Path(path)
+        self.start_time = start_time
         self.chunk_size = chunk_size
         self.source = source
         self.info = dict(info or {})
@@ -146,7 +152,7 @@ class TraceRecorder:
         meta = fmt.message_class(fmt.TRACE_META)(
             version=fmt.VERSION_LATEST, producer=PRODUCER, source=self.source,
             keys=list(self.info), values=[str(v) for v in self.info.values()])
-        self._write(fmt.META_TOPIC, meta, 0)
+        self._write(fmt.META_TOPIC, meta, fmt.log_time_ns(self.start_time))
         self.flush()
 
     def close(self) -> None:

@@ -7,6 +7,9 @@ the bundled derived one (per trace id the first recorded plan, its token pieces 
 size, plus the measured per-skill durations of every recorded task with that plan);
 :func:`replay` then runs either the recorded tasks as they arrived or a programmable workload
 drawn over the recorded traces.
+
+:class:`LiveReplay` is the ROS-free half of the ``lrtrace_replayer`` node: it assigns a
+workload's tasks to live robots, says which are due, and sums up the robots' result reports.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from lrtrace.reader import TraceBag, read_bag
 from lrtrace.traces import Trace, TraceSet
 from lrtrace.workloads import (
     BUILTIN_WORKLOADS,
+    CLASS_TUF,
     WorkloadSpec,
     generate_tasks,
     load_workload_spec,
@@ -33,7 +37,8 @@ from timelyllm_ros.request import TaskSpec
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.tuf import Tuf
 
-__all__ = ['RecordedTraceSet', 'recorded_tasks', 'replay', 'replay_result', 'traces_from_bags']
+__all__ = ['Dispatch', 'LiveReplay', 'RecordedTraceSet', 'recorded_tasks', 'replay',
+           'replay_result', 'traces_from_bags']
 
 logger = logging.getLogger(__name__)
 
@@ -216,3 +221,155 @@ def replay(source: Sequence[str | Path | TraceBag] | TraceSet,
     from timelyllm_ros.bench import run_summary
 
     return run_summary(replay_result(source, workload, seed, policy, config))
+
+
+# -- live replay on robots (the lrtrace_replayer node) -------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A task to send to a live robot."""
+
+    task: TaskSpec
+    robot: str              # the robot (controller namespace) that gets it
+    urgency: str            # the planner's TUF class for it (arm tasks are normal)
+
+
+def _agent(robot_id: str) -> int:
+    tail = robot_id.rsplit('-', 1)[-1]
+    return int(tail) if tail.isdigit() else sum(robot_id.encode())
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class LiveReplay:
+    """A workload replayed on live robots: which robot gets which task when, and the outcome.
+
+    Each task goes to a robot of its profile (``robots``: robot name → profile name), the
+    workload's agent number modulo the robots of that kind; tasks of a kind no robot has are
+    skipped. Reports are the controllers' ``plan_results`` lines, parsed (dicts with
+    ``success`` and, when the controller knows it, ``task_id``).
+    """
+
+    def __init__(self, tasks: Sequence[TaskSpec], robots: Mapping[str, str]) -> None:
+        if not robots:
+            raise WorkloadError('no robot to replay the workload on')
+        by_kind: dict[str, list[str]] = {}
+        for robot, kind in robots.items():
+            by_kind.setdefault(kind, []).append(robot)
+        self.robots = dict(robots)
+        self.tasks = sorted(tasks, key=lambda t: t.arrival_time)
+        self.plan: list[Dispatch | None] = []
+        for task in self.tasks:
+            mine = by_kind.get(task.profile)
+            self.plan.append(None if not mine else Dispatch(
+                task, mine[_agent(task.robot_id) % len(mine)],
+                CLASS_TUF.get(task.task_class, task.task_class)))
+        self._next = 0
+        self.sent: list[Dispatch] = []
+        self.skipped: list[TaskSpec] = []
+        self.reports: list[dict[str, object]] = []
+
+    @classmethod
+    def from_lists(cls, tasks: Sequence[TaskSpec], robots: Sequence[str],
+                   kinds: Sequence[str]) -> LiveReplay:
+        """From parallel lists of robot names and their profile names (node parameters)."""
+        if len(robots) != len(kinds):
+            raise WorkloadError(f'{len(robots)} robots but {len(kinds)} robot kinds: give one '
+                                f'kind per robot')
+        if len(set(robots)) != len(robots):
+            raise WorkloadError(f'robots listed twice in {list(robots)}')
+        return cls(tasks, dict(zip(robots, kinds, strict=True)))
+
+    @property
+    def all_sent(self) -> bool:
+        return self._next >= len(self.plan)
+
+    @property
+    def missing(self) -> int:
+        """Sent tasks whose report has not arrived."""
+        return max(0, len(self.sent) - len(self.reports))
+
+    @property
+    def complete(self) -> bool:
+        """Every task sent (or skipped) and every sent task reported back."""
+        return self.all_sent and self.missing == 0
+
+    def due(self, elapsed_s: float) -> list[Dispatch]:
+        """The tasks that arrive by ``elapsed_s`` (seconds since the replay started), in
+        arrival order; each is returned once (skipped ones are counted, not returned)."""
+        out: list[Dispatch] = []
+        while self._next < len(self.plan) and self.tasks[self._next].arrival_time <= elapsed_s:
+            dispatch = self.plan[self._next]
+            if dispatch is None:
+                self.skipped.append(self.tasks[self._next])
+            else:
+                out.append(dispatch)
+                self.sent.append(dispatch)
+            self._next += 1
+        return out
+
+    def record(self, report: Mapping[str, object]) -> None:
+        self.reports.append(dict(report))
+
+    def summary(self) -> dict[str, object]:
+        """Counts, and the means over succeeded tasks, overall and per task class."""
+        classes = {d.task.task_id: d.task.task_class for d in self.sent}
+
+        def kind(report: Mapping[str, object]) -> str:
+            if report.get('success'):
+                return 'succeeded'
+            error = str(report.get('error', ''))
+            for word in ('refused', 'rejected'):
+                if error.startswith(word):
+                    return word
+            return 'failed'
+
+        def stats(reports: list[dict[str, object]], sent: int) -> dict[str, object]:
+            done = [r for r in reports if r.get('success')]
+
+            def mean_of(key: str) -> float | None:
+                values = [float(r[key]) for r in done if key in r]  # type: ignore[arg-type]
+                # -1 marks a time the planner could not measure
+                return _mean(values if key == 'utility' else [v for v in values if v >= 0.0])
+
+            counts = {k: 0 for k in ('succeeded', 'failed', 'rejected', 'refused')}
+            for report in reports:
+                counts[kind(report)] += 1
+            return {'sent': sent, 'reported': len(reports), **counts,
+                    'utility_mean': mean_of('utility'),
+                    'response_time_s_mean': mean_of('response_time_s'),
+                    'waiting_time_s_mean': mean_of('waiting_time_s'),
+                    'queued_s_mean': mean_of('queued_s')}
+
+        by_class: dict[str, dict[str, object]] = {}
+        for name in sorted(set(classes.values())):
+            mine = [r for r in self.reports if classes.get(str(r.get('task_id', ''))) == name]
+            by_class[name] = stats(mine, sum(c == name for c in classes.values()))
+        return {'tasks': len(self.tasks), 'sent': len(self.sent), 'skipped': len(self.skipped),
+                'missing': self.missing, 'overall': stats(self.reports, len(self.sent)),
+                'by_class': by_class}
+
+    def summary_lines(self) -> list[str]:
+        """The summary as log lines: one overall, one per task class."""
+        summary = self.summary()
+
+        def line(name: str, stats: Mapping[str, object]) -> str:
+            text = (f'{name}: {stats["sent"]} sent, {stats["succeeded"]} succeeded, '
+                    f'{stats["failed"]} failed, {stats["rejected"]} rejected, '
+                    f'{stats["refused"]} refused')
+            for key, label, unit in (('utility_mean', 'utility', ''),
+                                     ('response_time_s_mean', 'response', ' s'),
+                                     ('waiting_time_s_mean', 'waiting', ' s'),
+                                     ('queued_s_mean', 'queued', ' s')):
+                if stats[key] is not None:
+                    text += f', {label} {stats[key]:.3f}{unit}'
+            return text
+
+        head = (f'replayed {summary["sent"]} of {summary["tasks"]} tasks '
+                f'({summary["skipped"]} without a robot of their kind, '
+                f'{summary["missing"]} without a result)')
+        by_class: Mapping[str, Mapping[str, object]] = summary['by_class']  # type: ignore[assignment]
+        return [head, line('overall', summary['overall']),  # type: ignore[arg-type]
+                *(line(f'  {name}', stats) for name, stats in by_class.items())]

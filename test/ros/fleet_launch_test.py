@@ -61,7 +61,13 @@ class TestFleet(unittest.TestCase):
                 String, f'/{robot}/plan_results',
                 lambda msg, robot=robot: reports.setdefault(robot, json.loads(msg.data)), 10)
         publishers = {r: self.node.create_publisher(String, f'/{r}/task', 10) for r in TASKS}
-        time.sleep(2.0)                      # discovery
+        # discovery: the nodes take seconds to start on a busy machine, and a task published
+        # before its controller subscribed is lost (volatile QoS)
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline and not all(
+                publishers[r].get_subscription_count() > 0
+                and self.node.count_publishers(f'/{r}/plan_results') > 0 for r in TASKS):
+            rclpy.spin_once(self.node, timeout_sec=0.1)
         for robot, task in TASKS.items():
             publishers[robot].publish(String(data=task))
         deadline = time.monotonic() + 120.0  # the arm plan takes ~30 s of simulated motion

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from timelyllm_ros.errors import GoalError
@@ -140,18 +141,109 @@ def result_fields(generation: Generation) -> dict[str, Any]:
     }
 
 
-def result_report(robot_id: str, robot_kind: str, result: Any) -> str:
-    """A PlanTask result as the JSON line controllers publish on ``plan_results``."""
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """A task as a controller receives it on its ``task`` topic.
+
+    The message is either the plain task text, or a JSON object ``{"task": ..., "task_id":
+    ..., "urgency": ..., "tuf": {"ert_s": ..., "alpha": ..., "beta": ...}}`` (what
+    ``lrtrace_replayer`` sends, so that a workload's TUF classes and TUFs reach the planner).
+    An empty ``urgency`` means the controller's own ``urgency`` parameter.
+    """
+
+    task: str
+    task_id: str = ''
+    urgency: str = ''
+    tuf: Tuf | None = None
+
+
+def task_payload(task: str, task_id: str = '', urgency: str = '', tuf: Tuf | None = None) -> str:
+    """The ``task`` topic message of a task with an id, a TUF class and a TUF."""
+    fields: dict[str, Any] = {'task': task}
+    if task_id:
+        fields['task_id'] = task_id
+    if urgency:
+        fields['urgency'] = urgency
+    if tuf is not None:
+        fields['tuf'] = {'ert_s': tuf.ert_s, 'alpha': tuf.alpha, 'beta': tuf.beta}
+    return json.dumps(fields)
+
+
+def parse_task(text: str) -> TaskRequest:
+    """Read a ``task`` topic message: plain text, or the JSON object of :func:`task_payload`.
+
+    Raises:
+        GoalError: a JSON task object with missing or invalid fields (TufError for the TUF).
+    """
+    if not text.lstrip().startswith('{'):
+        return TaskRequest(task=text)
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        return TaskRequest(task=text)      # plain text that happens to start with a brace
+    if not isinstance(fields, dict):
+        return TaskRequest(task=text)
+    task = fields.get('task')
+    if not isinstance(task, str):
+        raise GoalError(f'task message {text!r} has no "task" text')
+    tuf = None
+    if fields.get('tuf') is not None:
+        raw = fields['tuf']
+        try:
+            tuf = Tuf(beta=float(raw['beta']), ert_s=float(raw['ert_s']),
+                      alpha=float(raw['alpha']))
+        except (KeyError, TypeError, ValueError) as err:
+            raise GoalError(f'task message {text!r}: bad "tuf": {err!r}') from None
+    return TaskRequest(task=task, task_id=str(fields.get('task_id', '')),
+                       urgency=str(fields.get('urgency', '')), tuf=tuf)
+
+
+def goal_to_msg(robot_id: str, robot_kind: str, request: TaskRequest, default_urgency: str,
+                cls: type, tuf_cls: type) -> Any:
+    """A received task → the PlanTask goal a controller sends (waiting for execution)."""
+    goal = cls(robot_id=robot_id, robot_kind=robot_kind, task=request.task,
+               urgency=request.urgency or default_urgency, wait_for_execution=True)
+    if request.tuf is not None:
+        goal.has_tuf = True
+        goal.tuf = tuf_to_msg(request.tuf, tuf_cls)
+    return goal
+
+
+def _extras(task_id: str, queued_s: float | None) -> dict[str, Any]:
+    extras: dict[str, Any] = {}
+    if task_id:
+        extras['task_id'] = task_id
+    if queued_s is not None:
+        extras['queued_s'] = float(queued_s)
+    return extras
+
+
+def result_report(robot_id: str, robot_kind: str, result: Any, task_id: str = '',
+                  queued_s: float | None = None) -> str:
+    """A PlanTask result as the JSON line controllers publish on ``plan_results``
+    (``task_id`` and ``queued_s``, the time the task waited in the controller's queue, are
+    added when given)."""
     return json.dumps({
         'robot_id': robot_id, 'robot_kind': robot_kind, 'success': bool(result.success),
         'error': result.error, 'segment_count': int(result.segment_count),
         'response_time_s': float(result.response_time_s),
-        'waiting_time_s': float(result.waiting_time_s), 'utility': float(result.utility)})
+        'waiting_time_s': float(result.waiting_time_s), 'utility': float(result.utility),
+        **_extras(task_id, queued_s)})
 
 
-def rejection_report(robot_id: str) -> str:
-    """The ``plan_results`` line of a goal the planner rejected."""
-    return json.dumps({'robot_id': robot_id, 'success': False, 'error': 'rejected'})
+def rejection_report(robot_id: str, task_id: str = '', queued_s: float | None = None,
+                     reason: str = '') -> str:
+    """The ``plan_results`` line of a goal the planner rejected (or could not be sent)."""
+    return json.dumps({'robot_id': robot_id, 'success': False,
+                       'error': f'rejected: {reason}' if reason else 'rejected',
+                       **_extras(task_id, queued_s)})
+
+
+def refusal_report(robot_id: str, task_id: str, reason: str) -> str:
+    """The ``plan_results`` line of a task the controller refused (its queue was full, or the
+    task message was invalid); ``error`` starts with ``refused:``."""
+    return json.dumps({'robot_id': robot_id, 'success': False, 'error': f'refused: {reason}',
+                       **_extras(task_id, None)})
 
 
 def parse_report(text: str) -> dict[str, Any]:

@@ -1,16 +1,23 @@
 """Robot controller node: one robot, its backend, and a PlanTask client to the planner.
 
-A task arrives on ``task`` (std_msgs/String); the node sends the plan goal, executes the
-segments in order as they stream in (the next one may arrive while one executes), publishes
-``segment_done`` and one ``skill_executions`` record per skill, and on a backend failure
-aborts: the goal is cancelled and the rest of the plan is dropped. ``drone_controller`` and
-``arm_controller`` are this node with a different default robot kind.
+A task arrives on ``task`` (std_msgs/String: the task text, or the JSON task object of
+:func:`_convert.task_payload`); the node sends the plan goal, executes the segments in order as
+they stream in (the next one may arrive while one executes), publishes ``segment_done`` and one
+``skill_executions`` record per skill, and on a backend failure aborts: the goal is cancelled
+and the rest of the plan is dropped. Every task ends with one JSON line on ``plan_results``.
+
+A robot executes one plan at a time: a task that arrives while a plan is generated or executed
+waits in a FIFO queue of at most ``max_queued_tasks`` tasks (:class:`_tasks.TaskQueue`) and its
+goal is sent when the tasks before it have ended; a task that finds the queue full is refused
+(a warning and a ``plan_results`` line whose error starts with ``refused:``).
+``drone_controller`` and ``arm_controller`` are this node with a different default robot kind.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 
 import rclpy
 from builtin_interfaces.msg import Time
@@ -21,10 +28,11 @@ from std_msgs.msg import String
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.clock import SystemClock
-from timelyllm_ros.errors import TimelyError
-from timelyllm_ros.msg import SegmentDone, SkillExecution
+from timelyllm_ros.errors import GoalError, TimelyError
+from timelyllm_ros.msg import SegmentDone, SkillExecution, TimeUtility
 from timelyllm_ros.nodes import _convert
 from timelyllm_ros.nodes._spin import spin_until_shutdown
+from timelyllm_ros.nodes._tasks import TaskQueue
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import open_backend
@@ -33,8 +41,8 @@ from timelyllm_ros.robots.factory import open_backend
 class RobotControllerNode(Node):
     """Wires one robot backend to the planner's action server and the report topics."""
 
-    def __init__(self, node_name: str, default_kind: str) -> None:
-        super().__init__(node_name)
+    def __init__(self, node_name: str, default_kind: str, **node_options: object) -> None:
+        super().__init__(node_name, **node_options)
         self.declare_parameter('robot_id', node_name)
         self.declare_parameter('robot_kind', default_kind)
         self.declare_parameter('backend', 'sim')
@@ -42,6 +50,7 @@ class RobotControllerNode(Node):
         self.declare_parameter('urgency', 'normal')
         self.declare_parameter('profiles_dir', '')
         self.declare_parameter('plan_action', '/plan')
+        self.declare_parameter('max_queued_tasks', 8)
         param = self.get_parameter
         self.robot_id = param('robot_id').value
         self.profile = load_profile(param('robot_kind').value,
@@ -57,30 +66,92 @@ class RobotControllerNode(Node):
         self.skills_pub = self.create_publisher(SkillExecution, '/skill_executions', 100)
         self.result_pub = self.create_publisher(String, 'plan_results', 10)
         self.create_subscription(String, 'task', self.task_callback, 10, callback_group=group)
+        self.tasks: TaskQueue[_convert.TaskRequest] = TaskQueue(
+            int(param('max_queued_tasks').value))
+        self._queued_s = 0.0                # how long the active task waited in the queue
         self._segments: queue.Queue = queue.Queue()
         self._goal_handle = None
         self._aborted_goal = ''
         self._worker = threading.Thread(target=self._execute_segments, daemon=True)
         self._worker.start()
         self.get_logger().info(f'{self.robot_id}: {self.profile.name} on the '
-                               f'{param("backend").value} backend')
+                               f'{param("backend").value} backend, one plan at a time, '
+                               f'up to {self.tasks.max_waiting} tasks queued')
+
+    @staticmethod
+    def _label(request: _convert.TaskRequest | None) -> str:
+        if request is None:
+            return '-'
+        text = request.task if len(request.task) <= 40 else request.task[:37] + '...'
+        return f'{request.task_id} ({text!r})' if request.task_id else repr(text)
+
+    def _publish_result(self, report: str) -> None:
+        self.result_pub.publish(String(data=report))
 
     def task_callback(self, msg: String) -> None:
-        """Send a plan goal for a task (non-blocking: callbacks chain the rest)."""
-        goal = PlanTask.Goal(robot_id=self.robot_id, robot_kind=self.profile.name,
-                             task=msg.data, urgency=self.get_parameter('urgency').value,
-                             wait_for_execution=True)
-        if not self.plan_client.wait_for_server(timeout_sec=5.0):
-            self.get_logger().error('no planner action server')
+        """Start, queue or refuse a task (non-blocking: callbacks chain the rest)."""
+        try:
+            request = _convert.parse_task(msg.data)
+        except GoalError as err:
+            self.get_logger().error(f'{self.robot_id}: refused an invalid task message: {err}')
+            self._publish_result(_convert.refusal_report(self.robot_id, '', str(err)))
             return
-        future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
-        future.add_done_callback(self.goal_response_callback)
+        admission = self.tasks.offer(request, time.monotonic())
+        if admission.outcome == 'refused':
+            reason = (f'task queue full ({admission.waiting} waiting, '
+                      f'max_queued_tasks {self.tasks.max_waiting})')
+            self.get_logger().warning(
+                f'{self.robot_id}: busy with {self._label(self.tasks.active)}: refused task '
+                f'{self._label(request)}: {reason}')
+            self._publish_result(_convert.refusal_report(self.robot_id, request.task_id, reason))
+        elif admission.outcome == 'queued':
+            self.get_logger().info(
+                f'{self.robot_id}: busy with {self._label(self.tasks.active)}: task '
+                f'{self._label(request)} queued ({admission.position} of '
+                f'{self.tasks.max_waiting})')
+        else:
+            self._start(request, 0.0)
+
+    def _start(self, request: _convert.TaskRequest | None, queued_s: float) -> None:
+        """Send the plan goal of the active task; a task that cannot be sent ends at once and
+        the next waiting one is tried."""
+        while request is not None:
+            if self.plan_client.wait_for_server(timeout_sec=5.0):
+                self._queued_s = queued_s
+                goal = _convert.goal_to_msg(self.robot_id, self.profile.name, request,
+                                            self.get_parameter('urgency').value,
+                                            PlanTask.Goal, TimeUtility)
+                future = self.plan_client.send_goal_async(
+                    goal, feedback_callback=self.feedback_callback)
+                future.add_done_callback(self.goal_response_callback)
+                return
+            self.get_logger().error(f'{self.robot_id}: no planner action server for task '
+                                    f'{self._label(request)}')
+            self._publish_result(_convert.rejection_report(
+                self.robot_id, request.task_id, queued_s, 'no planner action server'))
+            started = self.tasks.finish(time.monotonic())
+            request, queued_s = (started.item, started.queued_s) if started else (None, 0.0)
+
+    def _next(self) -> None:
+        """The active task ended: start the next waiting one, if any."""
+        self._goal_handle = None
+        started = self.tasks.finish(time.monotonic())
+        if started is not None:
+            self.get_logger().info(
+                f'{self.robot_id}: starting queued task {self._label(started.item)} after '
+                f'{started.queued_s:.2f} s in the queue ({self.tasks.waiting} still waiting)')
+            self._start(started.item, started.queued_s)
 
     def goal_response_callback(self, future) -> None:  # type: ignore[no-untyped-def]
         handle = future.result()
+        request = self.tasks.active
+        task_id = request.task_id if request is not None else ''
         if not handle.accepted:
-            self.get_logger().warning(f'{self.robot_id}: the planner rejected the task')
-            self.result_pub.publish(String(data=_convert.rejection_report(self.robot_id)))
+            self.get_logger().warning(f'{self.robot_id}: the planner rejected task '
+                                      f'{self._label(request)}')
+            self._publish_result(_convert.rejection_report(self.robot_id, task_id,
+                                                           self._queued_s))
+            self._next()
             return
         self._goal_handle = handle
         handle.get_result_async().add_done_callback(self.result_callback)
@@ -89,9 +160,13 @@ class RobotControllerNode(Node):
         self._segments.put(feedback.feedback.segment)
 
     def result_callback(self, future) -> None:  # type: ignore[no-untyped-def]
-        report = _convert.result_report(self.robot_id, self.profile.name, future.result().result)
+        request = self.tasks.active
+        report = _convert.result_report(
+            self.robot_id, self.profile.name, future.result().result,
+            request.task_id if request is not None else '', self._queued_s)
         self.get_logger().info(f'{self.robot_id}: {report}')
-        self.result_pub.publish(String(data=report))
+        self._publish_result(report)
+        self._next()
 
     def _execute_segments(self) -> None:
         while rclpy.ok():
@@ -128,6 +203,10 @@ class RobotControllerNode(Node):
             self._goal_handle.cancel_goal_async()
 
     def destroy_node(self) -> None:
+        dropped = self.tasks.drain()
+        if dropped:
+            self.get_logger().warning(f'{self.robot_id}: shutting down with {len(dropped)} '
+                                      f'queued tasks not started')
         self._close_backend()
         super().destroy_node()
 

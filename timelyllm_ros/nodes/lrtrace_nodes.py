@@ -3,22 +3,29 @@
 * ``lrtrace_recorder`` subscribes to ``/segments``, ``/segment_done`` and
   ``/skill_executions`` and writes them into an MCAP rosbag2 bag (``bag`` parameter), flushing
   in chunks so that a killed recorder leaves a readable bag.
-* ``lrtrace_replayer`` draws a workload (``workload``, ``seed``), publishes each task on the
-  ``task`` topic of a robot of the right kind at its arrival time (``robots``: namespaces such
-  as ``drone_0``), collects the controllers' ``plan_results`` and logs the metrics at the end.
+* ``lrtrace_replayer`` draws a workload (``workload`` or ``workload_file``, ``seed``),
+  publishes each task (its id, TUF class and TUF in the JSON task object controllers read) on
+  the ``task`` topic of a robot of the right kind at its arrival time (``robots``: namespaces
+  such as ``drone_0``, with their ``robot_kinds``), collects the controllers' ``plan_results``,
+  logs the metrics at the end and exits (0: every sent task reported back).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections import defaultdict
+from pathlib import Path
 
 import rclpy
+from rclpy.exceptions import ParameterException
 from rclpy.node import Node
+from rclpy.task import Future
 from std_msgs.msg import String
 
 from lrtrace.recorder import TraceRecorder
+from lrtrace.replay import LiveReplay
 from lrtrace.workloads import resolve_workload
+from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.msg import Segment, SegmentDone, SkillExecution
 from timelyllm_ros.nodes import _convert
 from timelyllm_ros.nodes._spin import spin_until_shutdown
@@ -33,7 +40,7 @@ class LrtraceRecorderNode(Node):
         self.declare_parameter('chunk_size', 32 * 1024)
         path = self.get_parameter('bag').value
         self.recorder = TraceRecorder(path, chunk_size=self.get_parameter('chunk_size').value,
-                                      source='ros2 fleet')
+                                      source='ros2 fleet', start_time=time.time())
         self.recorder.open()
         self.create_subscription(Segment, '/segments', self.segment_callback, 100)
         self.create_subscription(SegmentDone, '/segment_done', self.done_callback, 100)
@@ -60,62 +67,113 @@ class LrtraceRecorderNode(Node):
 
 
 class LrtraceReplayerNode(Node):
-    """Triggers a workload's tasks on robot nodes and reports the outcome."""
+    """Triggers a workload's tasks on robot nodes and reports the outcome.
+
+    Parameters: ``workload`` (a built-in or the authors' workload name) or ``workload_file``
+    (a workload spec YAML, or the authors' JSON format), ``composition``, ``seed``,
+    ``duration_s`` (only the tasks arriving by then; 0: all), ``robots`` (controller
+    namespaces) with their ``robot_kinds`` (profile names), ``discovery_timeout_s`` (how long to
+    wait for the robots' topics before the clock starts), ``result_timeout_s`` (how long to wait
+    for missing results once every task is sent), ``exit_when_done`` and ``summary_file`` (the
+    summary as JSON). The logic lives in :class:`lrtrace.replay.LiveReplay`.
+    """
 
     def __init__(self, **node_options: object) -> None:
         super().__init__('lrtrace_replayer', **node_options)
         self.declare_parameter('workload', 'wid1')
+        self.declare_parameter('workload_file', '')
+        self.declare_parameter('composition', '')
         self.declare_parameter('seed', 0)
         self.declare_parameter('robots', ['drone_0'])
         self.declare_parameter('robot_kinds', ['tello'])
         self.declare_parameter('duration_s', 0.0)
+        self.declare_parameter('discovery_timeout_s', 10.0)
+        self.declare_parameter('result_timeout_s', 300.0)
+        self.declare_parameter('exit_when_done', True)
+        self.declare_parameter('summary_file', '')
         param = self.get_parameter
-        _, tasks = resolve_workload(param('workload').value, seed=param('seed').value)
-        limit = param('duration_s').value
-        self.tasks = [t for t in tasks if not limit or t.arrival_time <= limit]
+        self.workload, tasks = resolve_workload(
+            param('workload').value, seed=param('seed').value,
+            workload_file=param('workload_file').value or None,
+            composition=param('composition').value or None)
+        limit = float(param('duration_s').value)
         robots = list(param('robots').value)
-        kinds = list(param('robot_kinds').value)
-        self.by_kind: dict[str, list[str]] = defaultdict(list)
-        for robot, kind in zip(robots, kinds, strict=True):
-            self.by_kind[kind].append(robot)
+        self.replay = LiveReplay.from_lists(
+            [t for t in tasks if not limit or t.arrival_time <= limit], robots,
+            list(param('robot_kinds').value))
         self.publishers_ = {r: self.create_publisher(String, f'/{r}/task', 10) for r in robots}
         for robot in robots:
             self.create_subscription(String, f'/{robot}/plan_results', self.result_callback, 50)
-        self.reports: list[dict[str, object]] = []
-        self.sent = 0
-        self.skipped = 0
-        self.start = time.monotonic()
+        self.finished = Future()     # done (with the exit status) once the summary is out
+        self.done = False
+        self.exit_code = 1
+        self.created = time.monotonic()
+        self.start: float | None = None
+        self.last_activity = self.created
         self.create_timer(0.01, self.tick)
 
+    def _unready(self) -> list[str]:
+        return [r for r, pub in self.publishers_.items()
+                if pub.get_subscription_count() == 0
+                or self.count_publishers(f'/{r}/plan_results') == 0]
+
     def tick(self) -> None:
-        now = time.monotonic() - self.start
-        while self.sent + self.skipped < len(self.tasks) and (
-                self.tasks[self.sent + self.skipped].arrival_time <= now):
-            task = self.tasks[self.sent + self.skipped]
-            robots = self.by_kind.get(task.profile)
-            if not robots:
-                self.skipped += 1
-                continue
-            robot = robots[int(task.robot_id.rsplit('-', 1)[-1]) % len(robots)]
-            self.publishers_[robot].publish(String(data=task.task))
-            self.sent += 1
+        if self.done:
+            return
+        now = time.monotonic()
+        if self.start is None:
+            unready = self._unready()
+            if unready and now - self.created < self.get_parameter('discovery_timeout_s').value:
+                return
+            if unready:
+                self.get_logger().warning(f'no controller found for {", ".join(unready)}: '
+                                          f'their tasks will get no result')
+            self.start = self.last_activity = now
+            self.get_logger().info(
+                f'replaying {len(self.replay.tasks)} tasks of {self.workload} on '
+                f'{", ".join(f"{r} ({k})" for r, k in self.replay.robots.items())}')
+        for dispatch in self.replay.due(now - self.start):
+            task = dispatch.task
+            self.publishers_[dispatch.robot].publish(String(data=_convert.task_payload(
+                task.task, task.task_id, dispatch.urgency, task.tuf)))
+            self.last_activity = now
+            self.get_logger().info(f'{task.task_id} ({task.task_type}, {task.task_class}) at '
+                                   f'{task.arrival_time:.2f} s -> {dispatch.robot}')
+        if self.replay.complete:
+            self._finish()
+        elif self.replay.all_sent and (
+                now - self.last_activity > self.get_parameter('result_timeout_s').value):
+            self.get_logger().warning(f'{self.replay.missing} results did not arrive')
+            self._finish()
 
     def result_callback(self, msg: String) -> None:
         try:
-            self.reports.append(_convert.parse_report(msg.data))
+            report = _convert.parse_report(msg.data)
         except ValueError as err:
             self.get_logger().warning(str(err))
             return
-        if len(self.reports) == self.sent and self.sent + self.skipped == len(self.tasks):
-            self.get_logger().info(self.summary())
+        if self.done:
+            return
+        self.replay.record(report)
+        self.last_activity = time.monotonic()
 
-    def summary(self) -> str:
-        done = [r for r in self.reports if r.get('success')]
-        mean = (lambda key: sum(float(r[key]) for r in done) / len(done)) if done else None
-        return (f'replayed {self.sent} tasks ({self.skipped} without a robot of their kind): '
-                f'{len(done)} succeeded' + (
-                    f', utility {mean("utility"):.3f}, response {mean("response_time_s"):.3f} s,'
-                    f' waiting {mean("waiting_time_s"):.3f} s' if mean else ''))
+    def _finish(self) -> None:
+        self.done = True
+        for line in self.replay.summary_lines():
+            self.get_logger().info(line)
+        path = self.get_parameter('summary_file').value
+        if path:
+            Path(path).write_text(json.dumps(self.replay.summary(), indent=2), encoding='utf-8')
+        self.exit_code = 0 if self.replay.sent and not self.replay.missing else 1
+        if self.get_parameter('exit_when_done').value:
+            self.finished.set_result(self.exit_code)
+
+    def destroy_node(self) -> None:
+        if not self.done and self.start is not None:
+            self.get_logger().info('stopped before the end; so far:')
+            for line in self.replay.summary_lines():
+                self.get_logger().info(line)
+        super().destroy_node()
 
 
 def recorder_main(args: list[str] | None = None) -> None:
@@ -123,6 +181,14 @@ def recorder_main(args: list[str] | None = None) -> None:
     spin_until_shutdown(LrtraceRecorderNode())
 
 
-def replayer_main(args: list[str] | None = None) -> None:
+def replayer_main(args: list[str] | None = None) -> int:
+    """Replay, print the summary and return 0 once every sent task has its result."""
     rclpy.init(args=args)
-    spin_until_shutdown(LrtraceReplayerNode())
+    try:
+        node = LrtraceReplayerNode()
+    except (TimelyError, ParameterException) as err:
+        rclpy.logging.get_logger('lrtrace_replayer').error(str(err))
+        rclpy.try_shutdown()
+        return 2
+    spin_until_shutdown(node, until=node.finished)
+    return node.exit_code
