@@ -122,8 +122,8 @@ def test_create_engine() -> None:
     assert engine.calibration == CAL
     tiny = tiny_calibration()
     assert create_engine('sim', calibration=tiny).max_num_seqs == 4
-    with pytest.raises(EngineError, match="unknown engine 'vllm'; available: sim"):
-        create_engine('vllm')
+    with pytest.raises(EngineError, match="unknown engine 'nope'; available: sim"):
+        create_engine('nope')
 
 
 # -- steps -----------------------------------------------------------------------------------

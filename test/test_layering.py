@@ -23,7 +23,8 @@ VENDOR_OWNERS = {
     'neuromeka': ('robots/indy7.py', 'robots/emulators/indy7.py'),
     'grpc': ('robots/indy7.py', 'robots/emulators/indy7.py'),
     'torch': ('engines/',),
-    'vllm': ('engines/vllm.py',),
+    'vllm': ('engines/vllm_engine.py',),
+    'llama_cpp': ('engines/llamacpp.py',),
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import create_engine
-from timelyllm_ros.errors import PolicyError
+from timelyllm_ros.errors import EngineError, PolicyError
 from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
 from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
 from timelyllm_ros.policies import create_policy
@@ -35,14 +35,37 @@ COMPARED_METRICS = ('utility_mean', 'slo_attainment', 'completion_rate', 'respon
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """How the simulated engine of each run is built."""
+    """How the engine of each run is built: the calibrated simulator, or a real engine by name
+    (``cpu``, …) whose measured iteration times advance the simulated clock."""
 
     calibration: str | None = None
     prefix_caching: bool = True
+    name: str = 'sim'                               # engine name for create_engine
+    options: tuple[tuple[str, object], ...] = ()    # extra keyword options of a real engine
 
     def build(self):  # type: ignore[no-untyped-def]
-        return create_engine('sim', calibration=self.calibration,
-                             prefix_caching=self.prefix_caching)
+        if self.name == 'sim':
+            return create_engine('sim', calibration=self.calibration,
+                                 prefix_caching=self.prefix_caching)
+        options = dict(self.options)
+        if not self.prefix_caching:
+            options['prefix_caching'] = False
+        try:
+            engine = create_engine(self.name, **options)
+        except TypeError as err:       # an option this engine does not take
+            raise EngineError(f'engine {self.name!r}: {err}') from None
+        warmup = getattr(engine, 'warmup', None)
+        if callable(warmup):
+            warmup()          # first-call allocations stay out of the measured run
+        return engine
+
+    def describe(self) -> dict[str, object]:
+        """The engine block of summary.json."""
+        if self.name == 'sim':
+            return {'name': 'sim', 'calibration': self.calibration or 'default',
+                    'prefix_caching': self.prefix_caching}
+        return {'name': self.name, 'prefix_caching': self.prefix_caching,
+                **{k: v for k, v in self.options}}
 
 
 def run_summary(result: SimulationResult) -> dict[str, object]:
@@ -83,8 +106,7 @@ def run_bench(
     summary: dict[str, object] = {
         'workload': workload, 'seed': seed, 'tasks': len(tasks),
         'comm_s': config.comm_s, 'max_batch': config.max_batch,
-        'engine': {'name': 'sim', 'calibration': engine.calibration or 'default',
-                   'prefix_caching': engine.prefix_caching},
+        'engine': engine.describe(),
         'policies': {},
     }
     rows: list[dict[str, object]] = []

@@ -65,8 +65,42 @@ def format_matrix(title: str, results: dict[str, dict[str, object]], metric: str
 def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from lrtrace.workloads import resolve_workload
 
-    return resolve_workload(args.workload, seed=args.seed, workload_file=args.workload_file,
-                            composition=args.compose)
+    name, tasks = resolve_workload(args.workload, seed=args.seed,
+                                   workload_file=args.workload_file, composition=args.compose)
+    if args.tasks is not None:
+        # Scaled down for a slow engine: the first N tasks by arrival.
+        tasks = sorted(tasks, key=lambda t: t.arrival_time)[:args.tasks]
+        name = f'{name}[:{args.tasks}]'
+    return name, tasks
+
+
+def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """EngineOptions from --engine, --model, --engine-opt, --calibration, --no-prefix-cache."""
+    from timelyllm_ros.bench import EngineOptions
+
+    return EngineOptions(args.calibration, not args.no_prefix_cache, args.engine,
+                         tuple(_real_engine_options(args).items()))
+
+
+def _real_engine_options(args: argparse.Namespace) -> dict[str, object]:
+    """Keyword options of a real engine (none for the simulator)."""
+    import yaml
+
+    from timelyllm_ros.errors import EngineError
+
+    if args.engine == 'sim':
+        return {}
+    options: dict[str, object] = {}
+    if getattr(args, 'model', None):
+        options['model'] = args.model
+    if getattr(args, 'force_script', None) is not None:
+        options['force_script'] = args.force_script
+    for item in getattr(args, 'engine_opt', None) or []:
+        key, sep, value = item.partition('=')
+        if not sep or not key:
+            raise EngineError(f'--engine-opt wants KEY=VALUE, got {item!r}')
+        options[key.strip().replace('-', '_')] = yaml.safe_load(value)
+    return options
 
 
 def _config(args: argparse.Namespace) -> SchedulerConfig:
@@ -74,12 +108,13 @@ def _config(args: argparse.Namespace) -> SchedulerConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from timelyllm_ros.bench import EngineOptions, run_summary
+    from timelyllm_ros.bench import run_summary
     from timelyllm_ros.simulation import simulate
 
     name, tasks = _load_tasks(args)
-    engine = EngineOptions(args.calibration, not args.no_prefix_cache)
-    print(f'workload {name}: {len(tasks)} tasks, policy {args.policy}, seed {args.seed}')
+    engine = _engine_options(args)
+    print(f'workload {name}: {len(tasks)} tasks, policy {args.policy}, seed {args.seed}, '
+          f'engine {args.engine}')
     result = simulate(tasks, args.policy, seed=args.seed, config=_config(args),
                       engine=engine.build())
     summary = run_summary(result)
@@ -104,7 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.bench import COMPARED_METRICS, EngineOptions, run_bench
+    from timelyllm_ros.bench import COMPARED_METRICS, run_bench
     from timelyllm_ros.plots import METRIC_LABELS
     from timelyllm_ros.policies import resolve_policy_names
 
@@ -122,10 +157,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         summary = run_bench(name, tasks, policies, Path(args.out), seed=args.seed,
                             config=_config(args),
-                            engine=EngineOptions(args.calibration, not args.no_prefix_cache),
+                            engine=_engine_options(args),
                             batch_sizes=sizes, progress=progress)
         bar.update(steps - bar.n)
-    print(f'workload {name}: {len(tasks)} tasks, seed {args.seed}, '
+    print(f'workload {name}: {len(tasks)} tasks, seed {args.seed}, engine {args.engine}, '
           f"prefix caching {'off' if args.no_prefix_cache else 'on'}")
     for policy, result in summary['policies'].items():  # type: ignore[union-attr]
         rows = {**result['by_class'], 'overall': result['overall']}
@@ -180,6 +215,95 @@ def cmd_simspeed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _create_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from timelyllm_ros.engines import create_engine
+    from timelyllm_ros.errors import EngineError
+
+    if args.engine == 'sim':
+        return create_engine('sim', calibration=args.calibration)
+    try:
+        return create_engine(args.engine, **_real_engine_options(args))
+    except TypeError as err:           # an option this engine does not take
+        raise EngineError(f'engine {args.engine!r}: {err}') from None
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import shlex
+
+    from timelyllm_ros.calibrate import measure, write_calibration
+
+    engine = _create_engine(args)
+    command = ''
+    if Path(sys.argv[0]).name == 'timelyllm' and sys.argv[1:2] == ['calibrate']:
+        command = 'timelyllm ' + shlex.join(sys.argv[1:])
+    simulated = getattr(engine, 'calibration', None)
+    model = (args.label or getattr(engine, 'model_label', None)
+             or getattr(simulated, 'model', None) or args.model or args.engine)
+    hardware = f'simulated {simulated.gpu}' if simulated is not None else None
+    lengths = [int(x) for x in args.prefill_tokens.split(',')]
+    batches = [int(x) for x in args.batch_sizes.split(',')]
+
+    def progress(label: str) -> None:
+        if not args.quiet:
+            print(f'calibrate: {label}', file=sys.stderr, flush=True)
+
+    calibration = measure(engine, str(model), args.engine, lengths=lengths, batch_sizes=batches,
+                          context_words=args.context, long_context_words=args.long_context,
+                          steps=args.steps, repeats=args.repeats, progress=progress,
+                          hardware=hardware,
+                          command=command)
+    path = write_calibration(calibration, args.out, header=(
+        f'Latency model of {calibration.model} on {calibration.gpu}, engine {args.engine}.\n'
+        f'Measured by this project with `timelyllm calibrate` (see source). Run the simulator '
+        f'on it with\n`timelyllm run --calibration {Path(args.out).stem}` (bundled) or '
+        f'--calibration {args.out}.'))
+    prefill = calibration.prefill_ms
+    decode = calibration.decode_ms
+    print('prefill: ' + ', '.join(f'{t} tok {ms:.1f} ms' for t, ms in
+                                    zip(prefill.tokens, prefill.ms, strict=True)))
+    print(f'decode ({decode.reference_context_tokens} context tokens): ' + ', '.join(
+        f'batch {b} {ms:.1f} ms' for b, ms in zip(decode.batch, decode.ms, strict=True)))
+    print(f'decode per extra context token: {calibration.decode_ms_per_context_token:.6f} ms; '
+          f'swap-in {calibration.swap_in_ms_per_token:.6f} ms/token')
+    print(f'wrote {path}')
+    return 0
+
+
+_SEG_KEYS = ('overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical')
+
+
+def cmd_seg_overhead(args: argparse.Namespace) -> int:
+    from timelyllm_ros.seg_overhead import segmentation_overhead
+
+    engine = _create_engine(args)
+    trace_ids = [int(x) for x in args.traces.split(',') if x.strip()]
+
+    def progress(label: str) -> None:
+        if not args.json:
+            print(f'seg-overhead: {label}', file=sys.stderr, flush=True)
+
+    results = segmentation_overhead(engine, trace_ids, repeats=args.repeats,
+                                    max_tokens=args.max_tokens, progress=progress)
+    if args.json:
+        keys = None if args.details else _SEG_KEYS
+        print(json.dumps({'traces': {t: {k: v for k, v in r.items() if keys is None or k in keys}
+                                     for t, r in results.items()}}))
+        return 0
+    header = ['trace', 'whole ms', 'segmented ms', 'overhead ms', 'overhead %', 'resumes',
+              'prefix reuse', 'identical']
+    rows = [[t, f"{r['whole_ms']:.1f}", f"{r['segmented_ms']:.1f}", f"{r['overhead_ms']:.1f}",
+             _fmt(r['overhead_pct'], '{:.2f}'), str(r['resumes']),
+             _fmt(r['prefix_reuse'], '{:.3f}'), str(r['identical'])]
+            for t, r in results.items()]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    print(f'segmentation overhead, engine {args.engine}')
+    for row in [header, *rows]:
+        print('  '.join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    for t, r in results.items():
+        print(f'trace {t} output: {r["output"]!r}')
+    return 0
+
+
 def cmd_workloads(args: argparse.Namespace) -> int:
     from lrtrace.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
 
@@ -202,6 +326,30 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--calibration', default=None, help='calibration name or YAML path')
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')
+    parser.add_argument('--tasks', type=int, default=None, metavar='N',
+                        help='only the first N tasks by arrival (scale down for a slow engine)')
+    _add_engine_args(parser, default_force=True)
+
+
+def _add_engine_args(parser: argparse.ArgumentParser, default_force: bool) -> None:
+    from timelyllm_ros.engines import ENGINES
+
+    parser.add_argument('--engine', default='sim',
+                        help=f'{"|".join(ENGINES)} (default sim: the calibrated simulator; a '
+                             f'real engine advances the simulated clock by its measured '
+                             f'iteration times)')
+    parser.add_argument('--model', default=None,
+                        help='model of a real engine (cpu: smollm2, gemma3-270m or a .gguf)')
+    parser.add_argument('--engine-opt', action='append', metavar='KEY=VALUE',
+                        help='extra engine option, e.g. max_num_seqs=4 (repeatable)')
+    force = parser.add_mutually_exclusive_group()
+    force.add_argument('--force-script', dest='force_script', action='store_true',
+                       default=default_force,
+                       help="feed the traces' plan tokens instead of the argmax (real timing, "
+                            'trace content)' + (' (default)' if default_force else ''))
+    force.add_argument('--free-generation', dest='force_script', action='store_false',
+                       help='greedy generation from the model' + (
+                           '' if default_force else ' (default)'))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,6 +383,38 @@ def build_parser() -> argparse.ArgumentParser:
     speed.add_argument('--repeats', type=int, default=3)
     speed.add_argument('--json', action='store_true')
     speed.set_defaults(func=cmd_simspeed)
+
+    calibrate = sub.add_parser('calibrate', help='measure an engine; write a calibration YAML')
+    _add_engine_args(calibrate, default_force=True)
+    calibrate.add_argument('--calibration', default=None, help='(--engine sim) the model')
+    calibrate.add_argument('--out', required=True, help='calibration YAML to write')
+    calibrate.add_argument('--label', default=None, help='model label written to the file')
+    calibrate.add_argument('--prefill-tokens', default='16,64,128,256,512,1024',
+                           help='prompt lengths of the prefill curve')
+    calibrate.add_argument('--batch-sizes', default='1,2,4,8', help='decode batch sizes')
+    calibrate.add_argument('--context', type=int, default=256,
+                           help='prompt tokens of each decode measurement (reference context)')
+    calibrate.add_argument('--long-context', type=int, default=1024,
+                           help='longer prompt for the cost per context token')
+    calibrate.add_argument('--steps', type=int, default=8, help='decode iterations per point')
+    calibrate.add_argument('--repeats', type=int, default=2, help='prefill runs per length')
+    calibrate.add_argument('--quiet', action='store_true')
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    seg = sub.add_parser('seg-overhead',
+                         help='segmented vs whole generation of traces on a real engine')
+    _add_engine_args(seg, default_force=False)
+    seg.add_argument('--calibration', default=None, help='(--engine sim) the model')
+    seg.add_argument('--traces', default='1,2,3', help='trace ids, e.g. 1,2,3')
+    seg.add_argument('--repeats', type=int, default=3,
+                     help='measured pairs of runs per trace (medians)')
+    seg.add_argument('--max-tokens', type=int, default=None,
+                     help="generation limit (default: the robot profile's)")
+    seg.add_argument('--json', action='store_true',
+                     help='print {"traces": {ID: {overhead_ms, overhead_pct, prefix_reuse, '
+                          'identical}}}')
+    seg.add_argument('--details', action='store_true', help='with --json: every field')
+    seg.set_defaults(func=cmd_seg_overhead)
 
     workloads = sub.add_parser('workloads', help='list the bundled workloads')
     workloads.set_defaults(func=cmd_workloads)

