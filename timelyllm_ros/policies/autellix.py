@@ -67,17 +67,15 @@ calibration, "a few tens of decode steps"); ``starvation_ratio`` β = 4 (the mid
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-import numpy as np
-
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.admission import AdmissionContext
 from timelyllm_ros.engines.base import StepResult
-from timelyllm_ros.policies.base import Eviction, Policy
-from timelyllm_ros.policies.semantic import PLANNED_PRIORITY, KvBudget
-from timelyllm_ros.queue import QueueView
+from timelyllm_ros.policies.base import Eviction
+from timelyllm_ros.policies.planned import PlannedBatchPolicy
+from timelyllm_ros.policies.semantic import KvBudget
 from timelyllm_ros.request import Generation, TaskStatus
 
 ProgramId = Literal['robot', 'task']
@@ -126,7 +124,7 @@ class Promotion:
     call_wait_s: float               # W_c: the call's own wait since arrival or last reset
 
 
-class AutellixPolicy(Policy):
+class AutellixPolicy(PlannedBatchPolicy):
     """Autellix PLAS (single-threaded programs); see the module docstring."""
 
     name: ClassVar[str] = 'autellix-plas'
@@ -148,6 +146,7 @@ class AutellixPolicy(Policy):
             min_service_s: floor of T_total in the ratio (default q0_s / 20).
             partial_quantum: give an arriving call ``hi_i − p(c)`` instead of a full quantum.
         """
+        super().__init__()
         if num_queues < 1:
             raise ValueError(f'need at least one queue, got {num_queues}')
         if not q0_s > 0:
@@ -168,11 +167,8 @@ class AutellixPolicy(Policy):
         self.promotions: list[Promotion] = []
         self.demotions = 0
         self._gens: dict[str, Generation] = {}
-        self._by_seq: dict[int, str] = {}
         self._arrived: list[str] = []
         self._position = 0
-        self._plan: dict[str, int] = {}
-        self._plan_fresh = False
         self._now = 0.0
 
     # -- queues -------------------------------------------------------------------------------
@@ -322,7 +318,7 @@ class AutellixPolicy(Policy):
     # -- observers ----------------------------------------------------------------------------
     def on_submit(self, generation: Generation, now: float) -> None:
         self._gens[generation.task_id] = generation
-        self._by_seq[generation.seq] = generation.task_id
+        self._track(generation)
         self._arrive(generation, now)
 
     def on_cut(self, generation: Generation, now: float) -> None:
@@ -335,8 +331,7 @@ class AutellixPolicy(Policy):
         pid = self.calls[task_id].pid if task_id in self.calls else self.program_id(generation)
         self._complete(task_id, now)
         self._gens.pop(task_id, None)
-        self._by_seq.pop(generation.seq, None)
-        self._plan.pop(task_id, None)
+        self._untrack(generation)
         entry = self.table.get(pid)
         if entry is not None:
             entry.active.discard(task_id)
@@ -345,7 +340,7 @@ class AutellixPolicy(Policy):
 
     def on_step(self, result: StepResult, stepped: Sequence[Generation],
                 ctx: AdmissionContext) -> None:
-        self._plan_fresh = False
+        super().on_step(result, stepped, ctx)
         duration = result.duration_s
         for task_id in dict.fromkeys(g.task_id for g in stepped):
             call = self.calls.get(task_id)
@@ -359,37 +354,12 @@ class AutellixPolicy(Policy):
                 call.wait += duration
                 call.wait_total += duration
 
-    # -- the Policy interface -----------------------------------------------------------------
-    def preempt(self, ctx: AdmissionContext) -> Mapping[str, Eviction]:
-        decisions = self._make_plan(ctx, preempting=True)
-        self._plan_fresh = True
-        return decisions
-
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
-        out = np.empty(len(queue))
-        for row, seq in enumerate(queue.seq):
-            task_id = self._by_seq.get(int(seq))
-            rank = self._plan.get(task_id) if task_id is not None else None
-            call = self.calls.get(task_id) if task_id is not None else None
-            if rank is not None:
-                out[row] = PLANNED_PRIORITY - rank
-            elif call is not None and call.queue >= 0:
-                out[row] = -(call.queue * QUEUE_SCALE + call.position)
-            else:
-                out[row] = -PLANNED_PRIORITY
-        return out
-
-    def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
-        if not self._plan_fresh:                   # decide() without a tick: plan, no preempt
-            self._make_plan(ctx, preempting=False)
-            self._plan_fresh = True
-        planned = candidate.task_id in self._plan
-        if not planned and not ctx.running and not self._plan:
-            planned = True          # nothing runs and nothing is planned: never stall
-        if not planned or not fits(candidate, ctx):
-            return False
-        self._plan.pop(candidate.task_id, None)
-        return True
+    # -- the plan -------------------------------------------------------------------------------
+    def _unplanned_priority(self, task_id: str) -> float | None:
+        call = self.calls.get(task_id)
+        if call is None or call.queue < 0:
+            return None
+        return -(call.queue * QUEUE_SCALE + call.position)
 
 
 class AutellixAtlasPolicy(AutellixPolicy):

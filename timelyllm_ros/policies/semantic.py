@@ -81,28 +81,24 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Protocol
 
-import numpy as np
-
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.admission import AdmissionContext
 from timelyllm_ros.engines.base import Engine, EvictTo, StepResult
-from timelyllm_ros.policies.base import Eviction, Policy
+from timelyllm_ros.policies.base import Eviction
+from timelyllm_ros.policies.planned import PlannedBatchPolicy
 from timelyllm_ros.predictors import (
     BucketLengthPredictor,
     LengthPredictor,
     TufClassUrgency,
     UrgencyClassifier,
 )
-from timelyllm_ros.queue import QueueView
 from timelyllm_ros.request import Generation, TaskStatus
 
 Key = tuple[int, float, int]            # (f_e, f_t s, seq): smaller runs sooner
 QUEUED = (TaskStatus.WAITING, TaskStatus.SUSPENDED)
-PLANNED_PRIORITY = 1e12                 # priority of the first planned admission
 URGENCY_SCALE = 1e6                     # f_e weight when (f_e, f_t) is flattened to one number
 
 
@@ -266,7 +262,7 @@ def bundled_length_predictor() -> BucketLengthPredictor:
 
 
 # -- the policy --------------------------------------------------------------------------------
-class SemanticPolicy(Policy):
+class SemanticPolicy(PlannedBatchPolicy):
     """Semantic Scheduling (paper 001): urgency classes, then shortest predicted remaining
     time; stage-aware batches; priority-based KV eviction. See the module docstring for the
     mapping, the errata it corrects and the constants it chose."""
@@ -292,6 +288,7 @@ class SemanticPolicy(Policy):
             priority_eviction: Alg. 4 (needs an engine exposing its KV accounting).
             token_s: seconds per decoded token in f_t (default: ``engine.decode_step_s(1)``).
         """
+        super().__init__()
         if batch_size < 1:
             raise ValueError(f'batch size must be >= 1, got {batch_size}')
         self.batch_size = batch_size
@@ -305,12 +302,9 @@ class SemanticPolicy(Policy):
         self._fe: dict[str, int] = {}
         self._length: dict[str, int] = {}
         self._key: dict[str, Key] = {}          # last key pushed to H or G
-        self._by_seq: dict[int, str] = {}
         self._arrived: list[str] = []           # U
         self._heap: list[tuple[int, float, int, str]] = []          # H
         self._evict_heap: list[tuple[int, float, int, str]] = []    # G: (−f_e, −f_t, −seq)
-        self._plan: dict[str, int] = {}         # queued task -> admission rank this tick
-        self._plan_fresh = False
         self.stats: Counter[str] = Counter()
 
     # -- predictors and prices --------------------------------------------------------------
@@ -344,7 +338,7 @@ class SemanticPolicy(Policy):
     def on_submit(self, generation: Generation, now: float) -> None:
         task_id = generation.task_id
         self._gens[task_id] = generation
-        self._by_seq[generation.seq] = task_id
+        self._track(generation)
         self._fe[task_id] = int(self.urgency.classify(generation.spec))
         self._length[task_id] = max(int(self.length_predictor.predict(generation.spec)), 1)
         self._arrived.append(task_id)
@@ -354,7 +348,7 @@ class SemanticPolicy(Policy):
             self._arrived.append(generation.task_id)   # a resumed segment re-enters like new
 
     def on_step(self, result: StepResult, stepped: Any, ctx: AdmissionContext) -> None:
-        self._plan_fresh = False
+        super().on_step(result, stepped, ctx)
         self._arrived.extend(result.preempted)          # the engine ran out of KV for them
         if result.prefill_tokens:
             # A prefill may have cached a shared prompt prefix: fresh prompts got cheaper.
@@ -363,11 +357,10 @@ class SemanticPolicy(Policy):
     def on_end(self, generation: Generation, now: float) -> None:
         task_id = generation.task_id
         self._gens.pop(task_id, None)
-        self._by_seq.pop(generation.seq, None)
+        self._untrack(generation)
         self._fe.pop(task_id, None)
         self._length.pop(task_id, None)
         self._key.pop(task_id, None)
-        self._plan.pop(task_id, None)
 
     # -- the heaps ----------------------------------------------------------------------------
     def _push(self, generation: Generation, engine: Engine) -> None:
@@ -515,35 +508,12 @@ class SemanticPolicy(Policy):
         assert self.cost_model is not None
         return self.cost_model.evict_to(tokens - decoded, decoded)
 
-    # -- the Policy interface -----------------------------------------------------------------
-    def preempt(self, ctx: AdmissionContext) -> Mapping[str, Eviction]:
-        decisions = self._make_plan(ctx, preempting=True)
-        self._plan_fresh = True
-        return decisions
+    # -- the plan -------------------------------------------------------------------------------
+    def _unplanned_priority(self, task_id: str) -> float | None:
+        if task_id not in self._key:
+            return None
+        f_e, f_t, _ = self._key[task_id]
+        return -(f_e * URGENCY_SCALE + f_t)
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
-        out = np.empty(len(queue))
-        for row, seq in enumerate(queue.seq):
-            task_id = self._by_seq.get(int(seq))
-            rank = self._plan.get(task_id) if task_id is not None else None
-            if rank is not None:
-                out[row] = PLANNED_PRIORITY - rank
-            elif task_id is not None and task_id in self._key:
-                f_e, f_t, _ = self._key[task_id]
-                out[row] = -(f_e * URGENCY_SCALE + f_t)
-            else:
-                out[row] = -PLANNED_PRIORITY
-        return out
-
-    def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
-        if not self._plan_fresh:                   # decide() without a tick: plan, no preempt
-            self._make_plan(ctx, preempting=False)
-            self._plan_fresh = True
-        planned = candidate.task_id in self._plan
-        if not planned and not ctx.running and not self._plan:
-            planned = True          # nothing runs and nothing is planned: never stall
-        if not (planned and fits(candidate, ctx)):
-            return False
-        self._plan.pop(candidate.task_id, None)
-        self._insert_resident(candidate, ctx.engine)
-        return True
+    def _on_admitted(self, generation: Generation, ctx: AdmissionContext) -> None:
+        self._insert_resident(generation, ctx.engine)
