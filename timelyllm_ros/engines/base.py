@@ -33,6 +33,35 @@ class EngineRequest:
     prefix_tokens: int = 0                     # its length: cacheable across requests
 
 
+KvLocation = Literal['device', 'host', 'none']   # where a real engine holds a context's KV
+
+
+@dataclass(slots=True)
+class KeptTokens:
+    """What a real engine keeps of one generation between segments: its token ids (never
+    re-tokenized text) and how many leading ones have KV, wherever that KV is."""
+
+    request: EngineRequest
+    prompt_ids: list[int]
+    forced: list[int] | None = None          # teacher-forced output ids (force_script)
+    output_ids: list[int] = field(default_factory=list)
+    cached: int = 0                          # leading tokens of ids() whose KV exists
+    location: KvLocation = 'none'
+    resumes: int = 0
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next token can be produced."""
+        return self.total - self.cached
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What one engine iteration produced."""

