@@ -234,7 +234,7 @@ def test_decode_estimates_follow_measurements(tiny: TransformersEngine) -> None:
         tiny.run(f'd{i}')
     while tiny.running:
         tiny.step()
-    assert 3 in tiny._decode_ema and tiny.decode_step_s(3) > 0
+    assert 3 in tiny.latency.decode_s and tiny.decode_step_s(3) > 0
     assert tiny.decode_step_s(2) > 0 and tiny.decode_step_s(64) > 0
     for i in range(3):
         tiny.release(f'd{i}')

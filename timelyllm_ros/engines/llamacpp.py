@@ -62,6 +62,7 @@ from timelyllm_ros.engines.base import (
     KvLocation,
     StepResult,
 )
+from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -278,8 +279,7 @@ class LlamaCppEngine(Engine):
         self._prefixes: dict[str, _Prefix] = {}
         self._pending_cached = 0     # prompt tokens served from kept/cached KV since last step
         self._overhead_s = 0.0       # time spent in evict() since the last step
-        self._decode_ema: dict[int, float] = {}
-        self._prefill_tps: float | None = None
+        self.latency = ObservedLatency(min_prefill_tokens=9)
         self._swap_bps: float | None = None
         # run statistics (read by calibration / overhead tools and the tests)
         self.steps = 0
@@ -426,7 +426,7 @@ class LlamaCppEngine(Engine):
             prefix = self._prefixes.get(generation.request.prefix_id or '')
             if prefix is not None:
                 tokens = max(1, tokens - len(prefix.ids))
-        return tokens / (self._prefill_tps or 250.0)
+        return self.latency.prefill_s(tokens, default_tps=250.0)
 
     def run(self, request_id: str) -> None:
         generation = self._get(request_id)
@@ -464,23 +464,8 @@ class LlamaCppEngine(Engine):
             self._drop(generation)
 
     def decode_step_s(self, batch_size: int) -> float:
-        if batch_size in self._decode_ema:
-            return self._decode_ema[batch_size]
-        known = sorted(self._decode_ema)
-        if not known:
-            return 0.03 + 0.006 * max(0, batch_size - 1)
-        lower = [b for b in known if b < batch_size]
-        upper = [b for b in known if b > batch_size]
-        if lower and upper:
-            b0, b1 = lower[-1], upper[0]
-            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
-            return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
-        if lower and len(lower) >= 2:   # extrapolate the last segment
-            b0, b1 = lower[-2], lower[-1]
-            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
-            return t1 + (t1 - t0) * (batch_size - b1) / (b1 - b0)
-        nearest = lower[-1] if lower else upper[0]
-        return self._decode_ema[nearest]
+        return self.latency.interpolated_decode_s(
+            batch_size, default_s=0.03 + 0.006 * max(0, batch_size - 1), extrapolate=True)
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -536,16 +521,11 @@ class LlamaCppEngine(Engine):
         if prefilling:
             self.prefill_s += duration
             self.prefill_tokens += prefill_tokens
-            if duration > 0 and prefill_tokens > 8:
-                rate = prefill_tokens / duration
-                self._prefill_tps = rate if self._prefill_tps is None else (
-                    0.5 * rate + 0.5 * self._prefill_tps)
+            self.latency.record_prefill(prefill_tokens, duration)
         else:
             self.decode_s += duration
             self.decode_steps += 1
-            old = self._decode_ema.get(batch_size)
-            self._decode_ema[batch_size] = duration if old is None else (
-                0.7 * old + 0.3 * duration)
+            self.latency.record_decode(batch_size, duration)
         duration += overhead
         self.busy_s += duration
         cached, self._pending_cached = self._pending_cached, 0

