@@ -11,6 +11,10 @@ class TimelyError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+class ConfigError(TimelyError, ValueError):
+    """A run-wide parameter is out of range (batch cap, timeouts, latencies, ...)."""
+
+
 class ProfileError(TimelyError):
     """A robot profile file is missing, malformed or inconsistent."""
 
@@ -45,6 +49,16 @@ class TraceFormatError(TimelyError):
 
 class RobotError(TimelyError):
     """A robot backend refused or failed to execute a skill."""
+
+
+def describe_error(err: BaseException, limit: int = 300) -> str:
+    """An exception as a short reason: the message of our own errors, else type and message."""
+    message = str(err).strip()
+    if isinstance(err, TimelyError) and message:
+        text = message
+    else:
+        text = f'{type(err).__name__}: {message}' if message else type(err).__name__
+    return text if len(text) <= limit else text[:limit - 3] + '...'
 
 
 def run_command(command: Callable[[Any], int], args: Any) -> int:

@@ -41,6 +41,9 @@ class ConstantTime(_Model):
     def mean_s(self, args: dict[str, object]) -> float:
         return self.seconds
 
+    def max_s(self, args: dict[str, object]) -> float:
+        return self.seconds
+
     def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
         return self.seconds
 
@@ -78,6 +81,9 @@ class ParametricTime(_Model):
     def mean_s(self, args: dict[str, object]) -> float:
         return self.at(self._x(args))
 
+    def max_s(self, args: dict[str, object]) -> float:
+        return self.at(self._x(args))
+
     def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
         return self.at(self._x(args))
 
@@ -106,6 +112,9 @@ class SampledTime(_Model):
         if self.samples is not None:
             return float(np.mean(self.samples))
         return (self.uniform[0] + self.uniform[1]) / 2  # type: ignore[index]
+
+    def max_s(self, args: dict[str, object]) -> float:
+        return max(self.samples) if self.samples is not None else self.uniform[1]  # type: ignore[index]
 
     def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
         if self.samples is not None:

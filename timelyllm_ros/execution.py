@@ -64,6 +64,33 @@ def estimate_min_s(profile: RobotProfile, statements: Iterable[Statement]) -> fl
     return sum((_min_s(profile, statement) for statement in statements), 0.0)
 
 
+def _max_s(profile: RobotProfile, statement: Statement) -> float:
+    """Longest execution of one statement by its models: every condition true (s)."""
+    if statement.kind == 'text':
+        return profile.reading_time_s(statement.text)
+    total = 0.0
+    if statement.kind == 'conditional':
+        condition = _condition(statement)
+        total += 0.0 if condition is None else _call_max_s(profile, condition)
+    if statement.body:
+        body = sum(_max_s(profile, child) for child in statement.body)
+    else:
+        body = sum(_call_max_s(profile, call) for call in _body_calls(statement))
+    return total + statement.repeat * body
+
+
+def _call_max_s(profile: RobotProfile, call: SkillCall) -> float:
+    return profile.skill(call.skill).exec_time.max_s(call.args)
+
+
+def estimate_max_s(profile: RobotProfile, statements: Iterable[Statement]) -> float:
+    """Longest execution-time estimate of a segment's statements (s): every conditional's
+    body performed, every loop at its full count, each call at its model's maximum. What a
+    robot may take before it is overdue (report deadlines), not what the scheduler plans on.
+    """
+    return sum((_max_s(profile, statement) for statement in statements), 0.0)
+
+
 class MeasuredTimes:
     """Recorded per-skill durations of one task, handed out in plan order per skill."""
 

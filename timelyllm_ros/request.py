@@ -62,6 +62,7 @@ class Segment:
     end_time: float = math.nan         # robot finished executing (reported)
     success: bool = True
     error: str = ''
+    longest_exec_s: float = math.nan   # worst-case execution estimate (report deadline)
 
     @property
     def calls(self) -> tuple[SkillCall, ...]:

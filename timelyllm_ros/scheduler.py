@@ -20,6 +20,7 @@ the same loop runs on a :class:`~timelyllm_ros.clock.SimClock` (simulation) or a
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -31,8 +32,14 @@ import numpy as np
 from timelyllm_ros.admission import AdmissionContext
 from timelyllm_ros.clock import Clock
 from timelyllm_ros.engines.base import Engine, EngineRequest, StepResult
-from timelyllm_ros.errors import EngineError, GoalError, ProfileError
-from timelyllm_ros.execution import estimate_min_s
+from timelyllm_ros.errors import (
+    ConfigError,
+    EngineError,
+    GoalError,
+    ProfileError,
+    describe_error,
+)
+from timelyllm_ros.execution import estimate_max_s, estimate_min_s
 from timelyllm_ros.policies.base import Policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.queue import GenerationQueue
@@ -51,6 +58,23 @@ class SchedulerConfig:
     comm_s: float = 0.008            # one-way network latency to the robots (s), paper §7.2
     max_batch: int | None = None     # fixed batch cap (Fig. 7); None = the engine's limit
     step_smoothing: float = 0.5      # weight of the newest decode step in the speed estimate
+    report_timeout_factor: float = 3.0   # a robot may take this many times a segment's
+                                         # longest execution estimate before it is overdue
+    report_timeout_margin_s: float = 10.0  # ... plus this margin (s)
+    report_deadlines: bool = True    # end goals whose robot stops reporting (SegmentDone)
+
+    def __post_init__(self) -> None:
+        for name in ('comm_s', 'report_timeout_margin_s'):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f'{name} must be a finite number >= 0, got {value}')
+        if not math.isfinite(self.report_timeout_factor) or self.report_timeout_factor < 1:
+            raise ConfigError(f'report_timeout_factor must be finite and >= 1, '
+                             f'got {self.report_timeout_factor}')
+        if self.max_batch is not None and self.max_batch < 1:
+            raise ConfigError(f'max_batch must be >= 1, got {self.max_batch}')
+        if not 0 < self.step_smoothing <= 1:
+            raise ConfigError(f'step_smoothing must be in (0, 1], got {self.step_smoothing}')
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +97,15 @@ class TickResult:
 
 
 class Scheduler:
-    """Owns the queue and the generations; the engine owns tokens and KV memory."""
+    """Owns the queue and the generations; the engine owns tokens and KV memory.
+
+    Faults stay with the goal they concern: an exception while handling one generation's
+    output (segmenter, dispatch, engine pause) ends that goal as FAILED with the reason and
+    the tick goes on with the others; an engine call that fails leaves the scheduler's state
+    as it was before the call and fails the goals it concerned. Every generated goal ends:
+    a robot that does not report a dispatched segment within its deadline (see
+    :class:`SchedulerConfig`) ends its goal as FAILED.
+    """
 
     def __init__(
         self,
@@ -93,6 +125,9 @@ class Scheduler:
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
         self._running: dict[str, Generation] = {}
+        self._deadlines: list[tuple[float, int, str, int]] = []  # (due, seq, task, segment)
+        self._deadline_seq = 0
+        self._refused = TickResult()     # goals decide() ended, reported by the next tick
         self._seq = 0
         self.recent_step_s: float | None = None
         self.ticks = 0
@@ -104,6 +139,7 @@ class Scheduler:
 
         Raises:
             GoalError: empty task, duplicate id, non-positive prompt length, unknown robot kind.
+            EngineError: the engine refused the request (nothing was queued).
         """
         if not spec.task.strip():
             raise GoalError(f'task {spec.task_id!r}: the task text is empty')
@@ -116,16 +152,21 @@ class Scheduler:
             profile = self.profile(spec.profile)
         except ProfileError as err:
             raise GoalError(f'task {spec.task_id!r}: unknown robot kind: {err}') from None
-        generation = Generation(spec=spec, seq=self._seq, need_time=spec.arrival_time)
-        self._seq += 1
-        self.generations[spec.task_id] = generation
-        self._segmenters[spec.task_id] = Segmenter(profile)
-        self.engine.register(EngineRequest(
+        request = EngineRequest(
             request_id=spec.task_id, prompt=profile.build_prompt(spec.task),
             prompt_tokens=spec.prompt_tokens, max_tokens=profile.max_tokens, script=spec.script,
             prefix_id=profile.name if spec.task_tokens else None,
             prefix_tokens=spec.prompt_tokens - spec.task_tokens if spec.task_tokens else 0,
-        ))
+        )
+        try:
+            self.engine.register(request)
+        except Exception as err:  # noqa: BLE001 - any engine fault refuses only this goal
+            raise EngineError(f'task {spec.task_id!r}: the engine refused it: '
+                              f'{describe_error(err)}') from err
+        generation = Generation(spec=spec, seq=self._seq, need_time=spec.arrival_time)
+        self._seq += 1
+        self.generations[spec.task_id] = generation
+        self._segmenters[spec.task_id] = Segmenter(profile)
         self.queue.push(generation, profile.segment_generation_s)
         self.policy.on_submit(generation, self.clock.now())
         return generation
@@ -137,16 +178,26 @@ class Scheduler:
             self._end(generation, TaskStatus.CANCELLED, reason)
         return generation
 
+    def fail(self, task_id: str, reason: str) -> Generation:
+        """End a task as FAILED with ``reason`` and free its memory (no-op once ended)."""
+        generation = self._get(task_id)
+        if not generation.status.terminal:
+            self._end(generation, TaskStatus.FAILED, reason)
+        return generation
+
     def report_segment(self, task_id: str, index: int, start_time: float, end_time: float,
                        success: bool = True, error: str = '') -> Generation:
         """A robot reports a segment's real execution (SegmentDone).
 
         Raises:
-            GoalError: unknown task or segment index.
+            GoalError: unknown task, segment index or non-finite times.
         """
         generation = self._get(task_id)
         if not 0 <= index < len(generation.segments):
             raise GoalError(f'task {task_id!r} has no dispatched segment {index}')
+        if not (math.isfinite(start_time) and math.isfinite(end_time)):
+            raise GoalError(f'task {task_id!r} segment {index}: start and end times must be '
+                            f'finite, got {start_time} and {end_time}')
         segment = generation.segments[index]
         segment.start_time, segment.end_time = start_time, end_time
         segment.success, segment.error = success, error
@@ -161,6 +212,7 @@ class Scheduler:
             if task_id in self.queue:
                 self.queue.remove(task_id)
                 self.queue.push(generation, self._profile(generation).segment_generation_s)
+        self._arm_deadline(generation)
         self._maybe_finished(generation)
         return generation
 
@@ -178,14 +230,75 @@ class Scheduler:
         self._segmenters.pop(task_id, None)
         return generation
 
+    def expire_overdue(self) -> list[Generation]:
+        """End the goals whose robot did not report a dispatched segment in time.
+
+        A segment's deadline runs from when its robot could start it (dispatch + network,
+        or the previous segment's reported end) for ``report_timeout_factor`` times its
+        longest execution estimate plus ``report_timeout_margin_s``. Returns the goals ended.
+        """
+        ended: list[Generation] = []
+        now = self.clock.now()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, task_id, index = heapq.heappop(self._deadlines)
+            generation = self.generations.get(task_id)
+            if (generation is None or generation.status.terminal
+                    or index >= len(generation.segments)
+                    or not math.isnan(generation.segments[index].end_time)):
+                continue                    # reported (or ended) since the deadline was set
+            self._end(generation, TaskStatus.FAILED,
+                      f'robot did not report segment {index} in time')
+            ended.append(generation)
+        return ended
+
+    def fail_all(self, reason: str) -> list[Generation]:
+        """End every goal that has not ended (the service gives up); returns them."""
+        ended = [g for g in self.generations.values() if not g.status.terminal]
+        for generation in ended:
+            self._end(generation, TaskStatus.FAILED, reason)
+        return ended
+
+    def invariant_violations(self) -> list[str]:
+        """Where the bookkeeping disagrees with itself (empty when consistent): every goal
+        that is generating is in exactly one of the queue and the running batch, ended and
+        generated ones in neither. Tests and fault campaigns check it after every tick."""
+        problems: list[str] = []
+        for task_id, generation in self.generations.items():
+            queued, running = task_id in self.queue, task_id in self._running
+            status = generation.status
+            if status == TaskStatus.RUNNING and (queued or not running):
+                problems.append(f'{task_id}: RUNNING but queued={queued} running={running}')
+            elif status in (TaskStatus.WAITING, TaskStatus.SUSPENDED) and (
+                    running or not queued):
+                problems.append(f'{task_id}: {status.name} but queued={queued} '
+                                f'running={running}')
+            elif status >= TaskStatus.GENERATED and (queued or running):
+                problems.append(f'{task_id}: {status.name} but queued={queued} '
+                                f'running={running}')
+        for task_id in self._running:
+            if task_id not in self.generations:
+                problems.append(f'{task_id}: running but unknown')
+        return problems
+
     # -- the loop ---------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
         """Whether anything is queued or generating."""
         return bool(self.queue) or bool(self._running)
 
+    @property
+    def awaiting_reports(self) -> bool:
+        """Whether a dispatched segment still has a pending report deadline."""
+        return bool(self._deadlines)
+
     def decide(self) -> list[Generation]:
-        """Refresh priorities, then admit the best queued generations while allowed."""
+        """Refresh priorities, then admit the best queued generations while allowed.
+
+        A candidate the engine fails to start (any exception) or that cannot fit even in an
+        idle engine ends as FAILED (the next tick reports it); the scheduler changes its
+        state only once the engine accepted the generation.
+        """
+        out = self._refused
         admitted: list[Generation] = []
         n = len(self.queue)
         if n == 0:
@@ -204,44 +317,65 @@ class Scheduler:
                 row = int(ties[np.argmin(seq[ties])])
             candidate = self.queue.at(row)
             ctx = self._context(now)
-            if not self.policy.admit(candidate, ctx):
-                if not self._running and not self.engine.can_run(candidate.task_id):
+            admit = self.policy.admit(candidate, ctx)
+            try:
+                fits_alone = admit or bool(self._running) or self.engine.can_run(
+                    candidate.task_id)
+                if admit:
+                    self.engine.run(candidate.task_id)
+            except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
+                logger.error('engine failed to start %s: %s', candidate.task_id, err)
+                self._end(candidate, TaskStatus.FAILED,
+                          f'engine failure: could not start the generation: {describe_error(err)}',
+                          out)
+                n -= 1
+                priorities[row] = priorities[n]   # the queue moved its last row into this one
+                continue
+            if not admit:
+                if not fits_alone:
                     self._end(candidate, TaskStatus.FAILED,
-                              'the prompt does not fit in the engine KV memory')
+                              'the prompt does not fit in the engine KV memory', out)
                     n -= 1
                     priorities[row] = priorities[n]
                     continue
                 break
             self.queue.remove(candidate.task_id)
             n -= 1
-            priorities[row] = priorities[n]   # the queue moved its last row into this one
-            self.engine.run(candidate.task_id)
-            if self.engine.supports_kv_compression and candidate.tokens == 0:
-                ratio = self.policy.kv_evict_ratio(candidate, ctx)
-                if ratio:
-                    self.engine.compress_kv(candidate.task_id, ratio)
+            priorities[row] = priorities[n]
             candidate.status = TaskStatus.RUNNING
             self._running[candidate.task_id] = candidate
             admitted.append(candidate)
+            if self.engine.supports_kv_compression and candidate.tokens == 0:
+                ratio = self.policy.kv_evict_ratio(candidate, ctx)
+                if ratio:
+                    try:
+                        self.engine.compress_kv(candidate.task_id, ratio)
+                    except Exception as err:  # noqa: BLE001 - the full KV is kept
+                        logger.warning('KV compression of %s failed, kept the full KV: %s',
+                                       candidate.task_id, err)
         return admitted
 
     def tick(self) -> TickResult:
         """One decision and one engine iteration; returns what to send to robots."""
         self.ticks += 1
         out = TickResult()
+        out.ended.extend(self.expire_overdue())
         started = time.perf_counter()
         self._steer(out)
         self.decide()
+        out.ended.extend(self._refused.ended)
+        self._refused.ended.clear()
         mask = self.policy.decode_mask(self._context(self.clock.now())) if self._running else None
         self.decision_s += time.perf_counter() - started
         if not self._running:
             return out
         try:
             result = self.engine.step(mask)
-        except EngineError as err:
-            for generation in list(self._running.values()):
-                self._end(generation, TaskStatus.FAILED, f'engine failure: {err}', out)
+        except Exception as err:  # noqa: BLE001 - the iteration's generations fail, not the loop
             logger.error('engine step failed: %s', err)
+            for generation in list(self._running.values()):
+                self._end(generation, TaskStatus.FAILED, f'engine failure: {describe_error(err)}',
+                          out)
             return out
         self.clock.elapse(result.duration_s)
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
@@ -252,22 +386,36 @@ class Scheduler:
         self.policy.on_step(result, stepped, self._context(now))
         for task_id, piece in result.tokens.items():
             generation = self._running.get(task_id)
-            if generation is None:
-                continue
-            generation.tokens += 1
-            generation.segment_tokens += 1
-            cut = self._segmenters[task_id].feed(piece)
-            if cut is not None:
-                self._on_cut(generation, cut, now, out)
+            if generation is not None:
+                self._isolated(generation, out, self._on_token, generation, piece, now, out)
         for task_id, reason in result.finished.items():
             generation = self.generations.get(task_id)
             if generation is not None and not generation.status.terminal:
-                self._on_finish(generation, reason, now, out)
+                self._isolated(generation, out, self._on_finish, generation, reason, now, out)
         for task_id in result.preempted:
             generation = self._running.pop(task_id, None)
             if generation is not None:
                 self._requeue_preempted(generation)
         return out
+
+    def _isolated(self, generation: Generation, out: TickResult,
+                  handler: Callable[..., None], *args: object) -> None:
+        """Run one generation's handler; whatever it raises ends that goal only."""
+        try:
+            handler(*args)
+        except Exception as err:  # noqa: BLE001 - one goal's fault must not touch the others
+            logger.exception('handling the output of %s failed', generation.task_id)
+            if not generation.status.terminal:
+                self._end(generation, TaskStatus.FAILED,
+                          f'internal error while handling its output: {describe_error(err)}', out)
+
+    def _on_token(self, generation: Generation, piece: str, now: float,
+                  out: TickResult) -> None:
+        generation.tokens += 1
+        generation.segment_tokens += 1
+        cut = self._segmenters[generation.task_id].feed(piece)
+        if cut is not None:
+            self._on_cut(generation, cut, now, out)
 
     def _steer(self, out: TickResult) -> None:
         """Apply the policy's kills and preemptions before this tick's admission."""
@@ -278,23 +426,34 @@ class Scheduler:
                 self._end(generation, TaskStatus.KILLED, reason, out)
         preempt = self.policy.preempt(self._context(self.clock.now()))
         for task_id, where in preempt.items():
-            generation = self._running.pop(task_id, None)
+            generation = self._running.get(task_id)
             if generation is None:
                 if where != 'keep' and task_id in self.queue:
                     # A queued generation whose KV is still resident: evict it, keep it queued.
                     try:
                         self.engine.evict(task_id, where)
-                    except EngineError:
-                        pass                     # engines that cannot evict keep the KV
+                    except Exception as err:  # noqa: BLE001 - engines that cannot evict keep KV
+                        logger.debug('evicting queued %s failed: %s', task_id, err)
                 continue
-            if where == 'keep':
-                self.engine.pause(task_id)
-            else:
-                try:
-                    self.engine.evict(task_id, where)
-                except EngineError:
-                    self.engine.pause(task_id)   # engines that cannot evict keep the KV
+            try:
+                self._take_out(task_id, where)
+            except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
+                self._end(generation, TaskStatus.FAILED,
+                          f'engine failure: could not preempt the generation: '
+                          f'{describe_error(err)}', out)
+                continue
+            del self._running[task_id]
             self._requeue_preempted(generation)
+
+    def _take_out(self, task_id: str, where: str) -> None:
+        """Take a generation out of the engine's batch, evicting its KV where asked."""
+        if where != 'keep':
+            try:
+                self.engine.evict(task_id, where)  # type: ignore[arg-type]
+                return
+            except EngineError:
+                pass                             # engines that cannot evict keep the KV
+        self.engine.pause(task_id)
 
     def _requeue_preempted(self, generation: Generation) -> None:
         generation.preemptions += 1
@@ -315,13 +474,15 @@ class Scheduler:
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float, out: TickResult) -> None:
         generation.rejected.extend(s.error or '' for s in cut.rejected)
+        if self.policy.segmented:
+            # Pause first: if the engine fails here the goal ends before anything is sent.
+            self.engine.pause(generation.task_id)
         if self.policy.streaming:
             self._dispatch(generation, cut.statements, cut.text, now, out, is_last=False)
         else:
             generation.held.extend(cut.statements)
             generation.held_text += cut.text
         if self.policy.segmented:
-            self.engine.pause(generation.task_id)
             del self._running[generation.task_id]
             generation.status = TaskStatus.SUSPENDED
             generation.suspensions += 1
@@ -335,17 +496,17 @@ class Scheduler:
         generation.rejected.extend(s.error or '' for s in cut.rejected)
         generation.finish_reason = reason
         statements = [*generation.held, *cut.statements]
-        if statements:
-            self._dispatch(generation, tuple(statements), generation.held_text + cut.text, now,
-                           out, is_last=True)
-        elif generation.segments:
-            generation.segments[-1].is_last = True
-        if not generation.segments:
+        if not statements and not generation.segments:
             detail = f" ({'; '.join(generation.rejected)})" if generation.rejected else ''
             self._end(generation, TaskStatus.FAILED, NO_SKILL_ERROR + detail, out)
             return
         self._release(generation)
         generation.status = TaskStatus.GENERATED
+        if statements:
+            self._dispatch(generation, tuple(statements), generation.held_text + cut.text, now,
+                           out, is_last=True)
+        else:
+            generation.segments[-1].is_last = True
         self.policy.on_end(generation, now)
         self._maybe_finished(generation, out)
 
@@ -358,12 +519,34 @@ class Scheduler:
         start_estimate = max(now + self.config.comm_s, previous_end)
         segment = Segment(index=index, text=text, statements=statements, cut_time=now,
                           dispatch_time=now, estimated_exec_s=estimate,
-                          tokens=generation.segment_tokens, is_last=is_last)
+                          tokens=generation.segment_tokens, is_last=is_last,
+                          longest_exec_s=estimate_max_s(profile, statements))
         generation.segments.append(segment)
         generation.need_time = start_estimate + estimate
         generation.k = index + 1
         generation.segment_tokens = 0
         out.dispatches.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
+        self._arm_deadline(generation)
+
+    def _arm_deadline(self, generation: Generation) -> None:
+        """Set the report deadline of the first unreported segment once it can start."""
+        if not self.config.report_deadlines or generation.status.terminal:
+            return
+        segments = generation.segments
+        index = next((i for i, s in enumerate(segments) if math.isnan(s.end_time)), None)
+        if index is None:
+            return
+        segment = segments[index]
+        ready = segment.dispatch_time + self.config.comm_s
+        if index > 0:
+            ready = max(ready, segments[index - 1].end_time)
+        longest = segment.longest_exec_s
+        if not math.isfinite(longest):
+            longest = segment.estimated_exec_s
+        due = (ready + self.config.report_timeout_factor * longest
+               + self.config.report_timeout_margin_s + self.config.comm_s)
+        self._deadline_seq += 1
+        heapq.heappush(self._deadlines, (due, self._deadline_seq, generation.task_id, index))
 
     # -- endings ----------------------------------------------------------------------------
     def _maybe_finished(self, generation: Generation, out: TickResult | None = None) -> None:
@@ -383,7 +566,11 @@ class Scheduler:
         generation.done_time = self.clock.now()
         self._release(generation)
         if was_generating:
-            self.policy.on_end(generation, generation.done_time)
+            try:
+                self.policy.on_end(generation, generation.done_time)
+            except Exception:  # noqa: BLE001 - the goal has ended whatever the policy says
+                logger.exception('policy %s failed on the end of %s', self.policy.name,
+                                 generation.task_id)
         if out is not None:
             out.ended.append(generation)
 
@@ -392,7 +579,10 @@ class Scheduler:
         if task_id in self.queue:
             self.queue.remove(task_id)
         self._running.pop(task_id, None)
-        self.engine.release(task_id)
+        try:
+            self.engine.release(task_id)
+        except Exception as err:  # noqa: BLE001 - the goal ends even if its memory leaks
+            logger.error('engine failed to release %s: %s', task_id, err)
 
     # -- helpers ----------------------------------------------------------------------------
     def _note_speed(self, result: StepResult) -> None:
@@ -425,3 +615,4 @@ class Scheduler:
             return self.generations[task_id]
         except KeyError:
             raise GoalError(f'unknown task {task_id!r}') from None
+

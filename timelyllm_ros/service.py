@@ -20,17 +20,18 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from timelyllm_ros.clock import WallClock
 from timelyllm_ros.engines import Engine, create_engine
-from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
+from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, describe_error
+from timelyllm_ros.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +39,9 @@ SegmentListener = Callable[[Generation, Segment], None]
 EndListener = Callable[[Generation], None]
 
 
-@dataclass(frozen=True, slots=True)
-class PlanGoal:
-    """A plan request as a robot sends it (the PlanTask action goal)."""
+__all__ = ['PlanGoal', 'PlannerService', 'ServiceState']
 
-    robot_id: str
-    robot_kind: str                 # robot profile name
-    task: str
-    urgency: str = 'normal'         # TUF class: normal | urgent | chatbot
-    tuf: Tuf | None = None          # explicit TUF, overriding the class's
-    wait_for_execution: bool = True  # end when executed (robot reports) or when generated
+ServiceStatus = Literal['idle', 'serving', 'failed', 'stopped']
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +53,9 @@ class ServiceState:
     running: int = 0
     last_batch_size: int = 0
     priorities: dict[str, float] = field(default_factory=dict)  # queued goal -> priority
+    executing: int = 0              # goals fully generated, waiting on their robots
+    status: ServiceStatus = 'idle'  # 'failed': the loop gave up (see error); goals refused
+    error: str = ''                 # why the service failed, or the last loop error
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,27 +92,44 @@ def script_for(goal: PlanGoal, task_class: str) -> PlanScript:
 
 
 class PlannerService:
-    """One scheduler + engine serving goals from many robots, live."""
+    """One scheduler + engine serving goals from many robots, live.
+
+    Every accepted goal ends, and its end listener is called exactly once: when its plan ran
+    (or was generated, for goals that do not wait for execution), failed, was cancelled, its
+    robot stopped reporting, or the service stopped. A listener that raises is logged and
+    affects no other goal. After ``max_loop_failures`` consecutive loop failures the service
+    fails every goal with the reason, refuses new ones and stops spinning (``state().status
+    == 'failed'``).
+    """
 
     def __init__(self, scheduler: Scheduler, simulated_text: bool = True,
-                 idle_wait_s: float = 0.05) -> None:
+                 idle_wait_s: float = 0.05, max_loop_failures: int = 5) -> None:
         self.scheduler = scheduler
         self.simulated_text = simulated_text
         self._idle_wait_s = idle_wait_s
+        self.max_loop_failures = max_loop_failures
         self._inbox: queue.Queue[tuple[str, tuple[object, ...]]] = queue.Queue()
         self._listeners: dict[str, tuple[SegmentListener, EndListener]] = {}
         self._untracked: set[str] = set()   # goals that end once generated
         self._ids = itertools.count()
         self._stop = threading.Event()
+        self._accepting = threading.Lock()  # orders submits against the service's end
         self._thread: threading.Thread | None = None
         self._state = ServiceState()
+        self._status: ServiceStatus = 'idle'
         self.loop_error: str = ''
+        self.loop_failures = 0          # loop iterations that raised, in all
 
     @classmethod
     def create(cls, policy: str = 'timelyllm', engine: str = 'sim',
                calibration: str | None = None, max_batch: int | None = None,
-               comm_s: float = 0.008, profiles_dir: str | None = None) -> PlannerService:
-        """Build a service over a new engine (the simulator runs in real time)."""
+               comm_s: float = 0.008, profiles_dir: str | None = None,
+               config: SchedulerConfig | None = None) -> PlannerService:
+        """Build a service over a new engine (the simulator runs in real time).
+
+        ``config`` overrides ``comm_s`` and ``max_batch`` with every scheduler parameter
+        (report deadlines included).
+        """
         options: dict[str, object] = {'calibration': calibration}
         if engine == 'sim':
             options['realtime'] = True
@@ -124,38 +138,45 @@ class PlannerService:
         def profiles(name: str) -> RobotProfile:
             return load_profile(name, profiles_dir)
 
-        scheduler = Scheduler(create_policy(policy), built, WallClock(),
-                              SchedulerConfig(comm_s=comm_s, max_batch=max_batch), profiles)
+        config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch)
+        scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
         return cls(scheduler, simulated_text=engine == 'sim')
 
     # -- callers' side (any thread) ----------------------------------------------------------
     def make_spec(self, goal: PlanGoal) -> TaskSpec:
         """Validate a goal and turn it into a task; raises GoalError with the reason."""
-        if not goal.robot_id.strip():
-            raise GoalError('the goal has no robot id')
-        if not goal.task.strip():
-            raise GoalError(f'{goal.robot_id}: the task text is empty')
+        try:
+            return self._make_spec(validate_goal(goal))
+        except TimelyError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a goal we cannot read is refused, not a crash
+            raise GoalError(f'malformed goal: {describe_error(err, 120)}') from None
+
+    def _make_spec(self, goal: PlanGoal) -> TaskSpec:
         try:
             profile = self.scheduler.profile(goal.robot_kind)
         except ProfileError as err:
-            raise GoalError(f'{goal.robot_id}: unknown robot kind {goal.robot_kind!r}: '
-                            f'{err}') from None
-        tuf = goal.tuf if goal.tuf is not None else tuf_for_class(goal.urgency)
+            raise GoalError(f'unknown robot kind {goal.robot_kind!r}: {err}') from None
         task_class = goal.urgency if profile.kind != 'arm' else 'arm'
         script = script_for(goal, task_class) if self.simulated_text else None
         task_id = f'{goal.robot_id}#{next(self._ids)}'
         return TaskSpec(
             task_id=task_id, robot_id=goal.robot_id, profile=profile.name,
             task_class=task_class, task_type=script.task_type if script else task_class,
-            tuf=tuf, arrival_time=self.scheduler.clock.now(), task=goal.task,
+            tuf=goal.resolved_tuf, arrival_time=self.scheduler.clock.now(), task=goal.task,
             prompt_tokens=script.prompt_tokens if script else 1,
             task_tokens=script.task_tokens if script else 0,
             script=script.pieces if script else None)
 
     def submit(self, goal: PlanGoal, on_segment: SegmentListener, on_end: EndListener) -> str:
-        """Queue a goal; returns its task id. Raises GoalError (or TufError) at once."""
+        """Queue a goal; returns its task id. Raises GoalError at once (invalid goal, or a
+        service that failed or stopped)."""
         spec = self.make_spec(goal)
-        self._inbox.put(('submit', (spec, on_segment, on_end, goal.wait_for_execution)))
+        with self._accepting:
+            if self._status in ('failed', 'stopped'):
+                raise GoalError(f'the planner is not serving ({self._status}): '
+                                f'{self.loop_error or "stopped"}')
+            self._inbox.put(('submit', (spec, on_segment, on_end, goal.wait_for_execution)))
         return spec.task_id
 
     def cancel(self, task_id: str) -> None:
@@ -175,16 +196,24 @@ class PlannerService:
 
     # -- the loop thread ---------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
+        if self._thread is None and self._status != 'failed':
+            self._status = 'serving'
+            self._stop.clear()
             self._thread = threading.Thread(target=self._run, name='planner-loop', daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the loop; goals that have not ended end as FAILED ("the planner stopped")."""
         self._stop.set()
         self._inbox.put(('wake', ()))
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.error('the planner loop did not stop within %.1f s', timeout_s)
+                return
+        if self._status != 'failed':
+            self._close('stopped', 'the planner service stopped')
 
     def __enter__(self) -> PlannerService:
         self.start()
@@ -195,29 +224,65 @@ class PlannerService:
 
     def run_once(self, block: bool = False) -> None:
         """One loop iteration: drain the inbox, then tick if there is work."""
-        self._drain(block and not self.scheduler.has_work)
-        if self.scheduler.has_work:
-            out = self.scheduler.tick()
+        scheduler = self.scheduler
+        self._drain(block and not scheduler.has_work)
+        batch_size = 0
+        if scheduler.has_work:
+            out = scheduler.tick()
+            batch_size = out.batch_size
             for dispatch in out.dispatches:
-                generation = self.scheduler.generations[dispatch.task_id]
-                self._notify_segment(generation, dispatch.segment)
-            for generation in out.ended:
-                self._notify_end(generation)
-            for task_id in [t for t in self._untracked if t in self.scheduler.generations]:
-                generation = self.scheduler.generations[task_id]
-                if generation.status >= TaskStatus.GENERATED:
-                    self._notify_end(generation)
-            self._state = self._snapshot(out.batch_size)
+                generation = scheduler.generations.get(dispatch.task_id)
+                if generation is not None:
+                    self._notify_segment(generation, dispatch.segment)
+            ended = out.ended
         else:
-            self._state = self._snapshot(0)
+            ended = scheduler.expire_overdue()
+        for generation in ended:
+            self._notify_end(generation)
+        for task_id in [t for t in self._untracked if t in scheduler.generations]:
+            generation = scheduler.generations[task_id]
+            if generation.status >= TaskStatus.GENERATED:
+                self._notify_end(generation)
+        self._state = self._snapshot(batch_size)
 
     def _run(self) -> None:
+        consecutive = 0
         while not self._stop.is_set():
             try:
                 self.run_once(block=True)
+                consecutive = 0
             except Exception as err:  # noqa: BLE001 - the loop must outlive one bad iteration
-                logger.exception('planner loop iteration failed')
-                self.loop_error = str(err)
+                consecutive += 1
+                self.loop_failures += 1
+                self.loop_error = describe_error(err)
+                logger.exception('planner loop iteration failed (%d in a row)', consecutive)
+                if consecutive >= self.max_loop_failures:
+                    self._close('failed', f'the planner loop failed {consecutive} times in a '
+                                          f'row: {self.loop_error}')
+                    return
+                self._stop.wait(min(self._idle_wait_s * 2 ** consecutive, 1.0))  # back off
+
+    def _close(self, status: ServiceStatus, reason: str) -> None:
+        """End every goal (in flight or still in the inbox) with ``reason``; refuse new ones."""
+        with self._accepting:
+            self._status = status
+            if status == 'failed':
+                self.loop_error = reason
+                logger.error('%s; failing every goal', reason)
+            for generation in self.scheduler.fail_all(reason):
+                self._notify_end(generation)
+            while True:
+                try:
+                    kind, args = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == 'submit':
+                    self._refuse(args[0], args[2], reason)  # type: ignore[arg-type]
+            for task_id in list(self._listeners):     # goals that never reached the scheduler
+                generation = self.scheduler.generations.get(task_id)
+                if generation is not None:
+                    self._notify_end(generation)
+        self._state = self._snapshot(0)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -226,11 +291,27 @@ class PlannerService:
         except queue.Empty:
             return
         while True:
-            self._handle(*item)
+            self._handle_isolated(*item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _handle_isolated(self, kind: str, args: tuple[object, ...]) -> None:
+        """Handle one inbox item; whatever it raises concerns that item's goal only."""
+        try:
+            self._handle(kind, args)
+        except Exception as err:  # noqa: BLE001 - one bad message must not stop the loop
+            logger.exception('planner could not handle a %s message', kind)
+            if kind == 'submit':
+                spec = args[0]
+                assert isinstance(spec, TaskSpec)
+                generation = self.scheduler.generations.get(spec.task_id)
+                reason = f'internal error while queueing the goal: {describe_error(err)}'
+                if generation is not None and not generation.status.terminal:
+                    self._notify_end(self.scheduler.fail(spec.task_id, reason))
+                elif generation is None:
+                    self._refuse(spec, args[2], reason)  # type: ignore[arg-type]
 
     def _handle(self, kind: str, args: tuple[object, ...]) -> None:
         scheduler = self.scheduler
@@ -243,10 +324,7 @@ class PlannerService:
             try:
                 generation = scheduler.submit(spec)
             except TimelyError as err:
-                generation = Generation(spec=spec, seq=-1)
-                generation.error = str(err)
-                generation.status = TaskStatus.FAILED
-                self._notify_end(generation)
+                self._refuse(spec, on_end, str(err))  # type: ignore[arg-type]
                 return
             if generation.status.terminal:
                 self._notify_end(generation)
@@ -260,19 +338,29 @@ class PlannerService:
                 logger.warning('SegmentDone for unknown goal %s', task_id)
                 return
             try:
-                generation = scheduler.report_segment(str(task_id), int(index),  # type: ignore[arg-type]
-                                                      float(start), float(end),  # type: ignore[arg-type]
-                                                      bool(success), str(error))
-            except GoalError as err:
-                logger.warning('ignored SegmentDone: %s', err)
+                generation = scheduler.report_segment(
+                    str(task_id), int(index), float(start), float(end),  # type: ignore[call-overload, arg-type]
+                    bool(success), str(error))
+            except (GoalError, ValueError, TypeError, OverflowError) as err:
+                logger.warning('ignored SegmentDone for %s: %s', task_id, err)
                 return
             if generation.status.terminal:
                 self._notify_end(generation)
 
+    def _refuse(self, spec: TaskSpec, on_end: EndListener, reason: str) -> None:
+        """End a goal that never reached the scheduler."""
+        generation = Generation(spec=spec, seq=-1)
+        generation.error = reason
+        generation.status = TaskStatus.FAILED
+        generation.done_time = self.scheduler.clock.now()
+        self._listeners.pop(spec.task_id, None)
+        self._untracked.discard(spec.task_id)
+        self._call_listener(on_end, generation)
+
     def _notify_segment(self, generation: Generation, segment: Segment) -> None:
         listeners = self._listeners.get(generation.task_id)
         if listeners is not None:
-            listeners[0](generation, segment)
+            self._call_listener(listeners[0], generation, segment)
 
     def _notify_end(self, generation: Generation) -> None:
         listeners = self._listeners.pop(generation.task_id, None)
@@ -280,7 +368,14 @@ class PlannerService:
         if generation.task_id in self.scheduler.generations:
             self.scheduler.forget(generation.task_id)
         if listeners is not None:
-            listeners[1](generation)
+            self._call_listener(listeners[1], generation)
+
+    @staticmethod
+    def _call_listener(listener: Callable[..., None], *args: object) -> None:
+        try:
+            listener(*args)
+        except Exception:  # noqa: BLE001 - a caller's listener must not stop the planner
+            logger.exception('a goal listener raised')
 
     def _snapshot(self, batch_size: int) -> ServiceState:
         scheduler = self.scheduler
@@ -289,6 +384,9 @@ class PlannerService:
             view = scheduler.queue.view(scheduler.config.comm_s)
             values = np.asarray(scheduler.policy.priorities(view, scheduler.clock.now()))
             priorities = {scheduler.queue.at(i).task_id: float(v) for i, v in enumerate(values)}
+        executing = sum(1 for g in scheduler.generations.values()
+                        if g.status == TaskStatus.GENERATED)
         return ServiceState(time=scheduler.clock.now(), queued=len(scheduler.queue),
                             running=len(scheduler.engine.running), last_batch_size=batch_size,
-                            priorities=priorities)
+                            priorities=priorities, executing=executing, status=self._status,
+                            error=self.loop_error)

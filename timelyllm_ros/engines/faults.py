@@ -1,0 +1,102 @@
+"""An engine wrapper that fails on purpose: fault campaigns and chaos tests of a fleet.
+
+:class:`FaultInjectingEngine` forwards every call to a real engine and, before forwarding,
+raises with a seeded probability per call kind (``register``, ``run``, ``step``, ``pause``,
+``release``, ``evict``, ``compress_kv``, ``can_run``). The raised exception is not an
+:class:`~timelyllm_ros.errors.EngineError` by default, because real backends raise whatever
+their library raises (``RuntimeError`` from CUDA, ``MemoryError``, ``ValueError``...). A call
+that raises has no effect on the inner engine, so the wrapper models a call that failed
+cleanly; the scheduler must then keep its own state consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import numpy as np
+
+from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, StepResult
+
+FAULTABLE = ('register', 'can_run', 'run', 'pause', 'release', 'step', 'evict', 'compress_kv')
+
+
+class InjectedFault(RuntimeError):
+    """The failure a :class:`FaultInjectingEngine` raises."""
+
+
+class FaultInjectingEngine(Engine):
+    """Wraps an engine; each call kind fails with its own probability (seeded)."""
+
+    def __init__(self, inner: Engine, rates: Mapping[str, float], seed: int = 0,
+                 error: type[Exception] = InjectedFault) -> None:
+        unknown = set(rates) - set(FAULTABLE)
+        if unknown:
+            raise ValueError(f'unknown engine calls {sorted(unknown)}; faultable: {FAULTABLE}')
+        if any(not 0.0 <= p <= 1.0 for p in rates.values()):
+            raise ValueError('fault rates are probabilities in [0, 1]')
+        self.inner = inner
+        self.rates = dict(rates)
+        self.error = error
+        self.injected: dict[str, int] = dict.fromkeys(FAULTABLE, 0)
+        self._rng = np.random.default_rng(seed)
+
+    def _maybe_fail(self, call: str, request_id: str = '') -> None:
+        rate = self.rates.get(call, 0.0)
+        if rate and self._rng.random() < rate:
+            self.injected[call] += 1
+            raise self.error(f'injected fault in {call}({request_id})')
+
+    # The wrapper is transparent to policies that read engine internals (KV, calibration).
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def register(self, request: EngineRequest) -> None:
+        self._maybe_fail('register', request.request_id)
+        self.inner.register(request)
+
+    def can_run(self, request_id: str) -> bool:
+        self._maybe_fail('can_run', request_id)
+        return self.inner.can_run(request_id)
+
+    def run_cost_s(self, request_id: str) -> float:
+        return self.inner.run_cost_s(request_id)
+
+    def run(self, request_id: str) -> None:
+        self._maybe_fail('run', request_id)
+        self.inner.run(request_id)
+
+    def pause(self, request_id: str) -> None:
+        self._maybe_fail('pause', request_id)
+        self.inner.pause(request_id)
+
+    def release(self, request_id: str) -> None:
+        self._maybe_fail('release', request_id)
+        self.inner.release(request_id)
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        self._maybe_fail('step')
+        return self.inner.step(only)
+
+    @property
+    def supports_kv_compression(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_kv_compression
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        self._maybe_fail('evict', request_id)
+        self.inner.evict(request_id, to)
+
+    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        self._maybe_fail('compress_kv', request_id)
+        self.inner.compress_kv(request_id, evict_ratio)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        return self.inner.decode_step_s(batch_size)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return self.inner.running
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.inner.max_num_seqs
