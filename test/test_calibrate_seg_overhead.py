@@ -56,8 +56,9 @@ def test_seg_overhead_on_the_simulator() -> None:
     for row in results.values():
         assert row['identical'] is True and row['prefix_reuse'] == 1.0
         assert row['resumes'] >= 1   # type: ignore[operator]
-        # The simulator charges nothing for a pause and a resume.
-        assert abs(row['overhead_ms']) < 1.0   # type: ignore[arg-type]
+        # The simulator charges no engine time for a pause and a resume (the wall time of
+        # the pause/resume calls themselves is reported apart, in host_ms, and not asserted).
+        assert row['engine_overhead_ms'] == 0.0
 
 
 def test_seg_overhead_command_prints_the_contract(capsys) -> None:

@@ -31,7 +31,8 @@ from timelyllm_ros.segmenter import Segmenter
 class GenerationRun:
     """One generation of a trace's prompt."""
 
-    seconds: float                      # engine iterations plus pause/resume calls (s)
+    engine_s: float                     # engine iterations, as the engine reports them (s)
+    host_s: float                       # wall time of the pause/resume calls (s)
     output: tuple[int, ...] | str       # output token ids (or text if the engine has none)
     text: str                           # the output text
     cuts: int                           # segment boundaries met
@@ -39,6 +40,11 @@ class GenerationRun:
     served_tokens: int                  # tokens served from kept KV on resume
     recomputed_tokens: int              # tokens prefilled again on resume
     steps: int                          # engine iterations
+
+    @property
+    def seconds(self) -> float:
+        """Engine iterations plus pause/resume calls (s)."""
+        return self.engine_s + self.host_s
 
 
 def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
@@ -52,7 +58,7 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
     engine.register(request)
     request_id = request.request_id
     segmenter = Segmenter(profile)
-    seconds = 0.0
+    engine_s = host_s = 0.0
     pieces: list[str] = []
     cuts = resumes = served = recomputed = steps = 0
     resumed = False
@@ -65,7 +71,7 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
                 raise EngineError(f'{request_id}: the generation did not end in {limit} '
                                   f'iterations')
             result = engine.step()
-            seconds += result.duration_s
+            engine_s += result.duration_s
             if resumed:
                 served += result.prefix_cached_tokens
                 recomputed += result.prefill_tokens
@@ -79,7 +85,7 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
                         started = time.perf_counter()
                         engine.pause(request_id)
                         engine.run(request_id)
-                        seconds += time.perf_counter() - started
+                        host_s += time.perf_counter() - started
                         resumes += 1
                         resumed = True
             if request_id in result.finished or request_id not in engine.running:
@@ -89,7 +95,8 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
         output = tuple(token_ids(request_id)) if callable(token_ids) else text
     finally:
         engine.release(request_id)
-    return GenerationRun(seconds, output, text, cuts, resumes, served, recomputed, steps)
+    return GenerationRun(engine_s, host_s, output, text, cuts, resumes, served, recomputed,
+                         steps)
 
 
 def trace_request(trace, request_id: str, profile: RobotProfile,  # type: ignore[no-untyped-def]
@@ -149,6 +156,8 @@ def segmentation_overhead(
                 (cut if segmented else whole).append(run)
         whole_s = statistics.median(r.seconds for r in whole)
         cut_s = statistics.median(r.seconds for r in cut)
+        engine_overhead_s = (statistics.median(r.engine_s for r in cut)
+                             - statistics.median(r.engine_s for r in whole))
         served = sum(r.served_tokens for r in cut)
         recomputed = sum(r.recomputed_tokens for r in cut)
         identical = all(r.output == whole[0].output for r in (*whole, *cut))
@@ -158,6 +167,8 @@ def segmentation_overhead(
             'prefix_reuse': (round(served / (served + recomputed), 6)
                              if served + recomputed else None),
             'identical': identical,
+            'engine_overhead_ms': round(engine_overhead_s * 1000.0, 3),
+            'host_ms': round(statistics.median(r.host_s for r in cut) * 1000.0, 3),
             'whole_ms': round(whole_s * 1000.0, 3),
             'segmented_ms': round(cut_s * 1000.0, 3),
             'resumes': cut[0].resumes,
