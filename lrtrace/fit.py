@@ -49,7 +49,7 @@ from timelyllm_ros.exec_time import (
     fit_parametric,
     fit_sampled,
 )
-from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
 from timelyllm_ros.segmenter import segment_text
 
 __all__ = ['FitReport', 'SkillFit', 'bag_time_scale', 'collect_samples', 'fit_profile',
@@ -261,9 +261,9 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
         TraceFormatError: a bag cannot be read, or no bag holds a sample of this profile.
         ProfileError: unknown profile.
     """
-    base = profile if isinstance(profile, RobotProfile) else load_profile(profile)
+    base = profile if isinstance(profile, RobotProfile) else load_profile_name_or_file(profile)
     ref = reference if isinstance(reference, RobotProfile) else (
-        load_profile(reference) if reference is not None else base)
+        load_profile_name_or_file(reference) if reference is not None else base)
     read = [b if isinstance(b, TraceBag) else read_bag(b) for b in bags]
     names = [str(b.path) for b in read]
     samples, skipped = collect_samples(read, base)

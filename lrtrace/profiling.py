@@ -66,7 +66,7 @@ from typing import Any
 from lrtrace.recorder import TraceRecorder
 from timelyllm_ros.clock import Clock, SimClock, WallClock
 from timelyllm_ros.errors import RobotError, TraceFormatError
-from timelyllm_ros.profiles import RobotProfile, Skill, load_profile
+from timelyllm_ros.profiles import RobotProfile, Skill, load_profile_name_or_file
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.executor import SkillExecutor
@@ -646,7 +646,7 @@ def profile_robot(robot: str | Path | RobotProfile, backend: str, out: str | Pat
         TraceFormatError: ``out`` exists already.
         ProfileError: Unknown profile.
     """
-    profile = robot if isinstance(robot, RobotProfile) else load_profile(robot)
+    profile = robot if isinstance(robot, RobotProfile) else load_profile_name_or_file(robot)
     settings = _settings(profile.name, backend if backend in BACKENDS else 'sim')
     grid = int(settings['grid']) if grid is None else int(grid)
     repeats = int(settings['repeats']) if repeats is None else int(repeats)

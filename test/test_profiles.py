@@ -82,7 +82,7 @@ def test_every_bundled_profile_loads(name):
     for skill in profile.skills:
         assert skill.exec_time.source not in ('', 'unspecified'), skill.name
     # by path as well as by name
-    assert load_profile(PROFILES_DIR / f'{name}.yaml').name == name
+    assert load_profile_file(PROFILES_DIR / f'{name}.yaml').name == name
 
 
 def test_tello_header_fields():
@@ -347,11 +347,11 @@ def test_unknown_profile_name_lists_available(tmp_path):
 
 def test_reload_after_edit(tmp_path):
     path = _write(tmp_path, _minimal_profile())
-    assert load_profile(path).max_tokens == 64
+    assert load_profile('mini', tmp_path).max_tokens == 64
     path.write_text(yaml.safe_dump(_minimal_profile(max_tokens=99)), encoding='utf-8')
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    assert load_profile(path).max_tokens == 99
+    assert load_profile('mini', tmp_path).max_tokens == 99
 
 
 # --- prompt and reading time --------------------------------------------------------------------

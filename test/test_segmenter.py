@@ -13,14 +13,14 @@ from timelyllm_ros.segmenter import Cut, Segmenter, Statement, segment_pieces, s
 _CONST = {'kind': 'constant', 'seconds': 1.0}
 
 
-def _skill(name: str, short: str, *args: tuple) -> dict:
+def _skill(name: str, short: str, *args: tuple, query: bool = False) -> dict:
     out = []
     for arg in args:
         spec = {'name': arg[0], 'type': arg[1]}
         if len(arg) > 2:
             spec.update(min=arg[2], max=arg[3])
         out.append(spec)
-    return {'name': name, 'short': short, 'args': out, 'exec_time': _CONST}
+    return {'name': name, 'short': short, 'args': out, 'exec_time': _CONST, 'query': query}
 
 
 def _profile(name: str, kind: str, skills: list[dict], **extra: object) -> RobotProfile:
@@ -43,9 +43,9 @@ def drone_profile() -> RobotProfile:
     return _profile('drone', 'drone', [
         _skill('move_forward', 'mf', ('distance', 'int', 20, 500)),
         _skill('turn_cw', 'tc', ('degrees', 'int', 1, 360)),
-        _skill('scan', 's', ('object', 'str')),
+        _skill('scan', 's', ('object', 'str'), query=True),
         _skill('goto', 'g', ('object', 'str')),
-        _skill('is_visible', 'iv', ('object', 'str')),
+        _skill('is_visible', 'iv', ('object', 'str'), query=True),
         _skill('log', 'l', ('text', 'str')),
         _skill('take_picture', 'tp'),
         _skill('delay', 'd', ('seconds', 'float', 0, 60)),

@@ -17,7 +17,8 @@ _SETTINGS = settings(max_examples=150, deadline=None,
 
 def _profile(segmentation: str = 'skills') -> RobotProfile:
     def skill(name: str, short: str, *args: dict) -> dict:
-        return {'name': name, 'short': short, 'args': list(args), 'exec_time': _CONST}
+        return {'name': name, 'short': short, 'args': list(args), 'exec_time': _CONST,
+                'query': name in ('scan', 'is_visible')}
 
     def num(name: str, kind: str, low: float, high: float) -> dict:
         return {'name': name, 'type': kind, 'min': low, 'max': high}
@@ -39,6 +40,7 @@ def _profile(segmentation: str = 'skills') -> RobotProfile:
         'name': 'drone', 'kind': 'drone' if segmentation == 'skills' else 'chatbot',
         'segmentation': segmentation, 'segment_generation_s': 0.2, 'max_segment_tokens': 16,
         'max_tokens': 256, 'exec_time_provenance': 'test figures', 'prompt': {'system': 'p'},
+        'max_loop_count': 100,
         'skills': skills if segmentation == 'skills' else [],
         'words_per_minute': None if segmentation == 'skills' else 300,
     }
@@ -203,10 +205,13 @@ def _string_literal(draw) -> tuple[str, str]:
     return f'{quote}{body}{quote}', body
 
 
+_SHORTS = ('mf', 'tc', 's', 'g', 'iv', 'l', 'tp', 'd', 'move_forward')
+
+
 @st.composite
-def _call(draw) -> tuple[str, tuple[str, dict]]:
-    """Draw a valid call: (text, (canonical skill, args))."""
-    short = draw(st.sampled_from(['mf', 'tc', 's', 'g', 'iv', 'l', 'tp', 'd', 'move_forward']))
+def _call(draw, shorts: tuple[str, ...] = _SHORTS) -> tuple[str, tuple[str, dict]]:
+    """Draw a valid call of one of ``shorts``: (text, (canonical skill, args))."""
+    short = draw(st.sampled_from(shorts))
     sp = draw(_SP)
     if short in ('mf', 'move_forward'):
         value = draw(st.integers(20, 500))
@@ -244,7 +249,7 @@ def _body(draw, depth: int) -> tuple[str, list, tuple]:
 
 @st.composite
 def _conditional(draw, depth: int):
-    cond_text, cond_call = draw(_call())
+    cond_text, cond_call = draw(_call(('s', 'iv')))  # conditions are query skills
     compare = draw(st.sampled_from(['', '==True', ' != False', '>=3', "=='yes'", '<2.5']))
     body, calls, children = draw(_body(depth))
     text = f'?{cond_text}{compare}{draw(_SP)}{body}'

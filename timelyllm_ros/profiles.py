@@ -10,6 +10,7 @@ latency-guided batching.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -51,6 +52,36 @@ _ARG_PATTERNS = {
     'str': r"'[^']*'|\"[^\"]*\"|[A-Za-z_][\w ]*",
 }
 
+MAX_NUMBER_CHARS = 32
+"""Longest number literal accepted in a plan (skill argument, loop count, condition value)."""
+
+_NUMBER_LITERAL = {
+    'int': re.compile(r'[+-]?[0-9]+'),
+    'float': re.compile(r'[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?'),
+}
+
+PROFILE_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_-]{0,63}')
+"""What a robot kind may be: a profile name (fully matched), never a path."""
+
+MAX_PROFILE_BYTES = 1 << 20
+"""Largest profile file read (bytes)."""
+
+
+def clip(text: str, limit: int = 64) -> str:
+    """``repr(text)`` cut to about ``limit`` characters, for error messages.
+
+    Args:
+        text: Any text (it may hold control characters or lone surrogates).
+        limit: Characters of the repr kept before ``...``.
+
+    Returns:
+        The repr, with ``...`` (and the full length) appended when it was cut.
+    """
+    shown = repr(text)
+    if len(shown) <= limit:
+        return shown
+    return f'{shown[:limit]}... ({len(text)} chars)'
+
 
 class SkillArg(BaseModel):
     """One typed argument of a skill, with the robot's limits."""
@@ -72,23 +103,51 @@ class SkillArg(BaseModel):
         return self
 
     def parse(self, literal: str) -> int | float | str:
-        """Convert one argument literal to its value; raise ``ValueError`` when it does not fit."""
+        """Convert one argument literal to its value.
+
+        Numbers are plain decimal literals of at most :data:`MAX_NUMBER_CHARS` characters
+        (``nan``, ``inf``, ``1_000`` or a 5,000-digit literal are not numbers here), and the
+        value must pass :meth:`check_value`.
+
+        Raises:
+            ValueError: The literal is not of the argument's type or outside its limits.
+        """
         text = literal.strip()
         if self.type == 'str':
             if len(text) >= 2 and text[0] == text[-1] and text[0] in '\'"':
                 return text[1:-1]
             if re.fullmatch(r'[A-Za-z_][\w ]*', text):
                 return text
-            raise ValueError(f'{self.name}: {text!r} is not a string')
-        try:
-            value: int | float = int(text) if self.type == 'int' else float(text)
-        except ValueError:
-            raise ValueError(f'{self.name}: {text!r} is not {self.type}') from None
+            raise ValueError(f'{self.name}: {clip(text)} is not a string')
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError(f'{self.name}: number literal longer than {MAX_NUMBER_CHARS} '
+                             f'characters ({len(text)})')
+        if not _NUMBER_LITERAL[self.type].fullmatch(text):
+            raise ValueError(f'{self.name}: {clip(text)} is not {self.type}')
+        value: int | float = int(text) if self.type == 'int' else float(text)
+        self.check_value(value)
+        return value
+
+    def check_value(self, value: object) -> None:
+        """Check one argument value: its type, finite, within the robot's limits.
+
+        Raises:
+            ValueError: naming the argument and the problem.
+        """
+        if self.type == 'str':
+            if not isinstance(value, str):
+                raise ValueError(f'{self.name} must be a string, got {type(value).__name__}')
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f'{self.name} must be {self.type}, got {type(value).__name__}')
+        if not math.isfinite(value):
+            raise ValueError(f'{self.name}={value} is not a finite number')
+        if self.type == 'int' and not float(value).is_integer():
+            raise ValueError(f'{self.name}={value} is not an integer')
         if self.min is not None and value < self.min:
             raise ValueError(f'{self.name}={value} below the minimum {self.min:g} {self.unit}')
         if self.max is not None and value > self.max:
             raise ValueError(f'{self.name}={value} above the maximum {self.max:g} {self.unit}')
-        return value
 
 
 class Skill(BaseModel):
@@ -103,6 +162,10 @@ class Skill(BaseModel):
         default_factory=list, description='Other names recorded workloads use for this skill.'
     )
     args: list[SkillArg] = Field(default_factory=list)
+    query: bool = Field(
+        default=False,
+        description='A query (perception, state): its result may be the condition of a ?{...}.',
+    )
     pattern: str | None = Field(
         default=None,
         description='Regex that fully matches one complete call; derived from args if omitted.',
@@ -158,6 +221,14 @@ class RobotProfile(BaseModel):
     segment_generation_s: float = Field(gt=0, description='G: mean generation time per segment.')
     max_segment_tokens: int = Field(gt=0, description='Segment length bound for batching.')
     max_tokens: int = Field(gt=0, description='Token limit of one whole generation.')
+    max_nesting_depth: int = Field(
+        default=4, ge=1, le=16,
+        description='How deep conditionals and loops may nest (a top-level body is depth 1).',
+    )
+    max_loop_count: int = Field(
+        default=20, ge=1, le=1_000_000,
+        description='Most times loops N{...} may repeat a statement (nested counts multiplied).',
+    )
     words_per_minute: float | None = Field(
         default=None, gt=0, description='Reading speed that times chatbot segments.'
     )
@@ -236,49 +307,132 @@ def _format_location(loc: tuple[int | str, ...], data: object) -> str:
     return out
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error's problem and position, without the snippet of the file it would quote."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark
+        where = f' at line {mark.line + 1}, column {mark.column + 1}' if mark else ''
+        return f'{err.problem or err.context or "syntax error"}{where}'
+    return type(err).__name__
+
+
 def load_profile_file(path: str | Path) -> RobotProfile:
-    """Load and validate one profile YAML file.
+    """Load and validate one profile YAML file given on purpose by its path.
+
+    Robot kinds that arrive from outside (goals, task messages) go through
+    :func:`load_profile`, which accepts only a profile name. Error messages name the file,
+    the field and the problem, never the file's content.
 
     Raises:
         ProfileError: naming the file and the offending field.
     """
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding='utf-8'))
+        with path.open('rb') as stream:
+            raw = stream.read(MAX_PROFILE_BYTES + 1)
     except OSError as err:
         raise ProfileError(f'{path}: cannot read profile: {err.strerror}') from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(f'{path}: profile larger than {MAX_PROFILE_BYTES} bytes')
+    try:
+        data = yaml.safe_load(raw.decode('utf-8'))
+    except UnicodeDecodeError as err:
+        raise ProfileError(f'{path}: not UTF-8 text (byte {err.start})') from None
     except yaml.YAMLError as err:
-        raise ProfileError(f'{path}: not valid YAML: {err}') from None
+        raise ProfileError(f'{path}: not valid YAML: {_yaml_problem(err)}') from None
+    except RecursionError:
+        raise ProfileError(f'{path}: not valid YAML: nested too deeply') from None
     if not isinstance(data, dict):
         raise ProfileError(f'{path}: a profile must be a mapping, got {type(data).__name__}')
     try:
         return RobotProfile.model_validate(data)
     except ValidationError as err:
         problems = '; '.join(
-            f"{_format_location(e['loc'], data) or '<root>'}: {e['msg']}" for e in err.errors()
+            f"{_format_location(e['loc'], data) or '<root>'}: {e['msg'][:200]}"
+            for e in err.errors(include_input=False, include_url=False)
         )
         raise ProfileError(f'{path}: invalid profile: {problems}') from None
+
+
+def check_profile_name(name: object) -> str:
+    """Check that a robot kind is a profile name (``tello``), never a path.
+
+    Args:
+        name: The robot kind as received.
+
+    Returns:
+        The name.
+
+    Raises:
+        ProfileError: not a string, or not ``[A-Za-z][A-Za-z0-9_-]{0,63}``; the reason quotes
+            the kind (repr, cut to about 64 characters).
+    """
+    if not isinstance(name, str):
+        raise ProfileError(f'a robot kind must be a profile name, got {type(name).__name__}')
+    if not PROFILE_NAME.fullmatch(name):
+        raise ProfileError(f'invalid robot kind {clip(name)}: a profile name is a letter then '
+                           'up to 63 letters, digits, "_" or "-" (no path)')
+    return name
 
 
 _CACHE: dict[tuple[str, str], RobotProfile] = {}
 
 
-def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> RobotProfile:
-    """Load a bundled profile by name (``tello``) or any profile file by path (cached)."""
+def load_profile(name: str, profiles_dir: str | Path | None = None) -> RobotProfile:
+    """Load a profile by name (``tello``) from a profiles directory (cached until edited).
+
+    The name must pass :func:`check_profile_name` (no separator, no ``..``), and the file
+    ``<name>.yaml`` must be an entry of the directory itself (checked on the resolved
+    directory; an entry that is a symbolic link, as a colcon ``--symlink-install`` makes, is
+    followed). Load a file given on purpose by its path with :func:`load_profile_file` (or
+    :func:`load_profile_name_or_file` for a command-line argument that may be either).
+
+    Args:
+        name: The profile name, e.g. ``tello``.
+        profiles_dir: Where the profiles are (default: the bundled ones).
+
+    Raises:
+        ProfileError: an invalid name, an unknown profile (the reason lists the available
+            ones) or an invalid profile file.
+    """
+    check_profile_name(name)
     directory = Path(profiles_dir) if profiles_dir is not None else PROFILES_DIR
-    candidate = Path(name_or_path)
-    path = candidate if candidate.suffix in ('.yaml', '.yml') else directory / f'{candidate}.yaml'
-    key = (str(path.resolve()), str(path.stat().st_mtime_ns) if path.exists() else '')
+    try:
+        root = directory.resolve()
+        path = root / f'{name}.yaml'
+        inside = path.parent == root and path.is_file()
+        key = (str(path), str(path.stat().st_mtime_ns) if inside else '')
+    except (OSError, RuntimeError, ValueError):
+        inside, key = False, ('', '')
+    if not inside:
+        available = ', '.join(available_profiles(directory)) or 'none'
+        raise ProfileError(f'unknown robot profile {clip(name)}; available: {available}')
     if key not in _CACHE:
-        if not path.exists():
-            available = sorted(p.stem for p in directory.glob('*.yaml'))
-            raise ProfileError(f'unknown robot profile {str(name_or_path)!r} '
-                               f'(no {path}); available: {", ".join(available)}')
         _CACHE[key] = load_profile_file(path)
     return _CACHE[key]
+
+
+def load_profile_name_or_file(value: str | Path,
+                              profiles_dir: str | Path | None = None) -> RobotProfile:
+    """Load a profile named on purpose by an operator: a name, or a path to a YAML file.
+
+    For command-line arguments (``--robot tello`` or ``--robot my_indy7.yaml``) only; robot
+    kinds received from goals or task messages go through :func:`load_profile`.
+
+    Raises:
+        ProfileError: an unknown name or an unreadable or invalid file.
+    """
+    text = str(value)
+    if isinstance(value, Path) or text.endswith(('.yaml', '.yml')) or '/' in text or (
+            os.sep in text):
+        return load_profile_file(value)
+    return load_profile(text, profiles_dir)
 
 
 def available_profiles(profiles_dir: str | Path | None = None) -> list[str]:
     """Names of the profiles in a directory (default: the bundled ones)."""
     directory = Path(profiles_dir) if profiles_dir is not None else PROFILES_DIR
-    return sorted(p.stem for p in directory.glob('*.yaml'))
+    try:
+        return sorted(p.stem for p in directory.glob('*.yaml') if PROFILE_NAME.fullmatch(p.stem))
+    except OSError:
+        return []

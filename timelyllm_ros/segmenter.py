@@ -13,8 +13,12 @@ with a :class:`Cut` when one or more statements completed. The rule depends on t
   newline. A simple statement ``short(args)`` is complete the moment its ``)`` balances the
   opening ``(``; a conditional ``?COND{BODY}`` and a loop ``N{BODY}`` are complete at the ``}``
   matching their first ``{``. Completed statements are validated against the profile (known
-  skill, argument count, typed arguments within the robot's limits); malformed ones are
-  rejected, never dispatched.
+  skill, argument count, typed, finite arguments within the robot's limits, a condition that
+  calls a query skill, loop counts up to ``max_loop_count``, nesting up to
+  ``max_nesting_depth``, number literals up to ``MAX_NUMBER_CHARS`` characters); malformed
+  ones are rejected, never dispatched. Nothing a model writes makes the segmenter raise: the
+  parser checks the nesting depth before it descends, and an unexpected failure while
+  validating one statement rejects that statement.
 * ``sentence`` -- chatbot answers: a sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes
   or brackets) once the following whitespace arrived.
 * ``paragraph`` -- chatbot answers cut at blank lines.
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from timelyllm_ros.errors import SegmentationError
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.profiles import MAX_NUMBER_CHARS, RobotProfile, clip
 
 StatementKind = Literal['skill', 'conditional', 'loop', 'text']
 CutReason = Literal['skill', 'sentence', 'paragraph', 'eos', 'length']
@@ -43,10 +47,10 @@ _SPECIAL = re.compile(r'[()\[\]{};\n\'"]')
 _SEPARATOR = re.compile(r'[;\n]')
 _IDENT = re.compile(r'[A-Za-z_]\w*')
 _WS = re.compile(r'\s*')
-_INT = re.compile(r'[+-]?\d+(?![\w.])')
+_INT = re.compile(r'[+-]?[0-9]+(?![\w.])')
 _COMPARISON = re.compile(r'==|!=|<=|>=|<|>')
 _LITERAL = re.compile(
-    r"""(?:True|False)(?!\w)|[+-]?(?:\d+\.?\d*|\.\d+)(?![\w.])|'[^']*'|"[^"]*\""""
+    r"""(?:True|False)(?!\w)|[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?![\w.])|'[^']*'|"[^"]*\""""
 )
 _SENTENCE_END = re.compile('[.!?][.!?"\'\\)\\]}\u00bb\u201d\u2019]*')
 _BLANK_LINE = re.compile(r'\n[^\S\n]*\n')
@@ -140,7 +144,11 @@ class _ParseError(Exception):
 
 
 class _Parser:
-    """Recursive-descent parser and validator of one completed skill statement."""
+    """Recursive-descent parser and validator of one completed skill statement.
+
+    The recursion is bounded: a body deeper than the profile's ``max_nesting_depth`` is
+    rejected before the parser descends into it.
+    """
 
     def __init__(self, profile: RobotProfile, text: str) -> None:
         self.profile = profile
@@ -148,15 +156,23 @@ class _Parser:
         self.i = 0
 
     def parse(self) -> Statement:
-        """Parse the whole text as one statement; malformed text gives a statement with error."""
+        """Parse the whole text as one statement; malformed text gives a statement with error.
+
+        Never raises: an unexpected exception while validating gives a rejected statement
+        naming it (a last resort; every known malformation has its own message).
+        """
         text = self.s.strip()
         try:
-            statement = self._statement()
+            statement = self._statement(0, 1)
             self._ws()
             if self.i < len(self.s):
-                raise _ParseError(f'unexpected text after the statement: {self.s[self.i:]!r}')
+                raise _ParseError(f'unexpected text after the statement: '
+                                  f'{clip(self.s[self.i:])}')
         except _ParseError as err:
             return Statement(text=text, calls=(), error=str(err), kind='skill')
+        except Exception as err:  # noqa: BLE001 -- last resort: reject, never raise out
+            return Statement(text=text, calls=(), kind='skill',
+                             error=f'statement could not be validated: {type(err).__name__}')
         return statement
 
     def _ws(self) -> bool:
@@ -176,26 +192,33 @@ class _Parser:
             raise _ParseError(f'expected {char!r} after {after}, found {found}')
         self.i += 1
 
-    def _statement(self) -> Statement:
-        """Parse one statement (with its nested ones) from the current position."""
+    def _statement(self, depth: int, repeats: int) -> Statement:
+        """Parse one statement (with its nested ones) from the current position.
+
+        Args:
+            depth: How many bodies enclose the statement (0 at the top level).
+            repeats: How many times the enclosing loops repeat it (their counts multiplied).
+        """
         self._ws()
         start = self.i
         char = self._peek()
         if char == '?':
             self.i += 1
-            return self._conditional(start)
-        if char.isdigit() or char in '+-':
-            return self._loop(start)
+            return self._conditional(start, depth, repeats)
+        if char and char in '0123456789+-':
+            return self._loop(start, depth, repeats)
         if char and (char.isalpha() or char == '_'):
             call = self._call()
             return Statement(text=call.text, calls=(call,))
         raise _ParseError(f'not a statement: unexpected {char!r}' if char else 'empty statement')
 
-    def _conditional(self, start: int) -> Statement:
+    def _conditional(self, start: int, depth: int, repeats: int) -> Statement:
         self._ws()
         if not _IDENT.match(self.s, self.i):
             raise _ParseError("a condition '?' must be followed by a skill call")
         condition = self._call()
+        if not self.profile.skill(condition.skill).query:
+            raise _ParseError(f'condition must be a query skill, not {condition.short!r}')
         self._ws()
         match = _COMPARISON.match(self.s, self.i)
         op: str | None = None
@@ -210,26 +233,45 @@ class _Parser:
             self.i = literal.end()
             value = _literal_value(literal.group())
         self._expect('{', 'the condition')
-        body = self._body()
+        body = self._body(depth + 1, repeats)
         return Statement(text=self.s[start:self.i], calls=(condition, *_flat_calls(body)),
                          kind='conditional', condition_op=op, condition_value=value,
                          condition=condition, body=body)
 
-    def _loop(self, start: int) -> Statement:
+    def _loop(self, start: int, depth: int, repeats: int) -> Statement:
         count = _INT.match(self.s, self.i)
         if count is None:
             raise _ParseError('a loop count must be a positive integer')
-        repeat = int(count.group())
+        literal = count.group()
+        if len(literal) > MAX_NUMBER_CHARS:
+            raise _ParseError(f'a loop count must be at most {self.profile.max_loop_count}, '
+                              f'got a {len(literal)}-character number')
+        repeat = int(literal)
         if repeat <= 0:
             raise _ParseError(f'a loop count must be a positive integer, got {repeat}')
+        limit = self.profile.max_loop_count
+        if repeat > limit:
+            raise _ParseError(f'a loop count must be at most {limit}, got {repeat}')
+        if repeat * repeats > limit:
+            raise _ParseError(f'nested loops repeat their body {repeat * repeats} times, more '
+                              f'than {limit}')
         self.i = count.end()
         self._expect('{', 'the loop count')
-        body = self._body()
+        body = self._body(depth + 1, repeat * repeats)
         return Statement(text=self.s[start:self.i], calls=_flat_calls(body), kind='loop',
                          repeat=repeat, body=body)
 
-    def _body(self) -> tuple[Statement, ...]:
-        """Parse body statements after ``{`` up to and including the matching ``}``."""
+    def _body(self, depth: int, repeats: int) -> tuple[Statement, ...]:
+        """Parse body statements after ``{`` up to and including the matching ``}``.
+
+        Args:
+            depth: The body's nesting depth (1 for the body of a top-level statement),
+                checked against the profile's ``max_nesting_depth`` before descending.
+            repeats: How many times the enclosing loops repeat the body.
+        """
+        limit = self.profile.max_nesting_depth
+        if depth > limit:
+            raise _ParseError(f'nesting deeper than {limit}')
         statements: list[Statement] = []
         while True:
             self._ws()
@@ -241,7 +283,7 @@ class _Parser:
                 break
             if not self._peek():
                 raise _ParseError("missing '}'")
-            statements.append(self._statement())
+            statements.append(self._statement(depth, repeats))
             newline = self._ws()
             if self._peek() not in (';', '}') and not newline:
                 raise _ParseError(f"expected ';' or '}}' in the body, found {self._peek()!r}")
@@ -256,15 +298,16 @@ class _Parser:
             raise _ParseError(f'expected a skill call, found {self._peek()!r}')
         name = ident.group()
         self.i = ident.end()
-        self._expect('(', repr(name))
-        pieces = self._arguments(name)
+        shown = name if len(name) <= 32 else f'{name[:32]}...'
+        self._expect('(', repr(shown))
+        pieces = self._arguments(shown)
         skill = self.profile.skill_index.get(name)
         if skill is None:
-            raise _ParseError(f'unknown skill {name!r}')
+            raise _ParseError(f'unknown skill {clip(name)}')
         for number, piece in enumerate(pieces, 1):
             if _has_bracket(piece):
                 raise _ParseError(
-                    f'{name}: argument {number} must be a literal, not {piece.strip()!r}'
+                    f'{name}: argument {number} must be a literal, not {clip(piece.strip())}'
                 )
         if len(pieces) != len(skill.args):
             wanted = ', '.join(a.name for a in skill.args) or 'none'
@@ -311,17 +354,99 @@ class _Parser:
         raise _ParseError(f"{name}: missing ')'")
 
 
+def call_problem(profile: RobotProfile, call: SkillCall) -> str | None:
+    """Why one skill call may not be sent to a robot of the profile; ``None`` if it may.
+
+    Checks what the parser checks for a call: a known skill, exactly its arguments, each of
+    its type, finite and within the profile's limits. For calls that did not come from this
+    segmenter's parser (a received segment, a call built by hand).
+    """
+    skill = profile.skill_index.get(call.skill)
+    if skill is None:
+        return f'unknown skill {clip(str(call.skill))}'
+    args = call.args if isinstance(call.args, dict) else {}
+    if set(args) != {arg.name for arg in skill.args}:
+        wanted = ', '.join(a.name for a in skill.args) or 'none'
+        got = ', '.join(clip(str(name), 32) for name in args) or 'none'
+        return f'{skill.short} takes argument(s) {wanted}, got {got}'
+    for arg in skill.args:
+        try:
+            arg.check_value(args[arg.name])
+        except ValueError as err:
+            return str(err)
+    return None
+
+
+def statement_problem(profile: RobotProfile, statement: Statement) -> str | None:
+    """Why a statement may not be executed on a robot of the profile; ``None`` if it may.
+
+    Re-checks a parsed or hand-built statement tree the way the parser checks text: no parse
+    error, every call valid (:func:`call_problem`), loop counts within ``1..max_loop_count``
+    (nested counts multiplied), conditions calling a query skill, bodies nested at most
+    ``max_nesting_depth`` deep. Never raises.
+    """
+    try:
+        return _statement_problem(profile, statement, 0, 1)
+    except Exception as err:  # noqa: BLE001 -- last resort: a problem, never an exception
+        return f'statement could not be validated: {type(err).__name__}'
+
+
+def _statement_problem(profile: RobotProfile, statement: Statement, depth: int,
+                       repeats: int) -> str | None:
+    if statement.error is not None:
+        return f'malformed statement: {statement.error}'
+    if depth > profile.max_nesting_depth:
+        return f'nesting deeper than {profile.max_nesting_depth}'
+    if statement.kind == 'text':
+        return None
+    repeat = statement.repeat
+    if not isinstance(repeat, int) or isinstance(repeat, bool):
+        return f'a loop count must be an integer, got {type(repeat).__name__}'
+    if statement.kind == 'loop' and not 1 <= repeat <= profile.max_loop_count:
+        return f'a loop count must be within 1..{profile.max_loop_count}, got {repeat}'
+    repeats *= repeat
+    if repeats > profile.max_loop_count:
+        return (f'nested loops repeat their body {repeats} times, more than '
+                f'{profile.max_loop_count}')
+    if statement.kind != 'loop' and repeat != 1:
+        return f'only a loop repeats, got repeat={repeat} for a {statement.kind}'
+    if statement.kind == 'conditional':
+        condition = statement.condition or next(iter(statement.calls), None)
+        if condition is None:
+            return 'a conditional needs a condition call'
+        skill = profile.skill_index.get(condition.skill)
+        if skill is not None and not skill.query:
+            return f'condition must be a query skill, not {condition.short!r}'
+    for call in statement.calls:
+        problem = call_problem(profile, call)
+        if problem is not None:
+            text = str(call.text)
+            return f'{text if len(text) <= 64 else clip(text)}: {problem}'
+    for child in statement.body:
+        problem = _statement_problem(profile, child, depth + 1, repeats)
+        if problem is not None:
+            return problem
+    return None
+
+
 def _flat_calls(statements: tuple[Statement, ...]) -> tuple[SkillCall, ...]:
     """Every call of the statements, in order."""
     return tuple(call for statement in statements for call in statement.calls)
 
 
 def _literal_value(literal: str) -> int | float | str | bool:
-    """The value of a condition literal matched by ``_LITERAL``."""
+    """The value of a condition literal matched by ``_LITERAL``.
+
+    Raises:
+        _ParseError: A number literal longer than ``MAX_NUMBER_CHARS`` characters.
+    """
     if literal in ('True', 'False'):
         return literal == 'True'
     if literal[0] in '\'"':
         return literal[1:-1]
+    if len(literal) > MAX_NUMBER_CHARS:
+        raise _ParseError(f'number literal longer than {MAX_NUMBER_CHARS} characters '
+                          f'({len(literal)}) in the condition')
     return float(literal) if '.' in literal else int(literal)
 
 
@@ -476,6 +601,8 @@ class Segmenter:
     def _incomplete_detail(self) -> str:
         if self._quote:
             return f'unterminated quote {self._quote}'
+        if len(self._stack) > 8:
+            return f'missing {len(self._stack)} closing brackets'
         if self._stack:
             return 'missing ' + ', '.join(repr(c) for c in reversed(self._stack))
         return ''

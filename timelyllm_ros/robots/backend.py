@@ -8,17 +8,25 @@ whole segment with :meth:`RobotBackend.check` before it sends anything, then cal
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from timelyllm_ros.clock import Clock, SimClock
+from timelyllm_ros.errors import RobotError
 from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import SkillCall
+from timelyllm_ros.segmenter import SkillCall, call_problem
 
 
 def wait_on(clock: Clock, seconds: float) -> None:
-    """Let ``seconds`` pass on ``clock``: advance a SimClock, sleep on any other clock."""
+    """Let ``seconds`` pass on ``clock``: advance a SimClock, sleep on any other clock.
+
+    Raises:
+        RobotError: ``seconds`` is not a finite number.
+    """
+    if not math.isfinite(seconds):
+        raise RobotError(f'cannot wait {seconds} s: not a finite number')
     if seconds <= 0:
         return
     if isinstance(clock, SimClock):
@@ -59,25 +67,22 @@ class RobotBackend(ABC):
         """Whether this backend can perform the skill (canonical name)."""
 
     def check(self, call: SkillCall) -> None:
-        """Raise RobotError if the call cannot be sent (unsupported skill, robot limits)."""
-        from timelyllm_ros.errors import RobotError
+        """Raise RobotError if the call cannot be sent.
 
+        The skill must be supported by this backend and known to the profile, the call must
+        carry exactly the skill's arguments, each of its type, finite and within the profile's
+        limits (``nan``, ``inf`` and out-of-range values never reach a robot, whatever built
+        the call).
+
+        Raises:
+            RobotError: naming the call and the problem.
+        """
         if not self.supports(call.skill):
             raise RobotError(f'{self.profile.name}: skill {call.skill!r} ({call.text}) is not '
                              f'supported by {type(self).__name__}')
-        skill = self.profile.skill(call.skill)
-        for arg in skill.args:
-            value = call.args.get(arg.name)
-            if value is None:
-                raise RobotError(f'{call.text}: missing argument {arg.name!r}')
-            if arg.type == 'str':
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise RobotError(f'{call.text}: {arg.name} must be {arg.type}, got {value!r}')
-            if (arg.min is not None and value < arg.min) or (
-                    arg.max is not None and value > arg.max):
-                raise RobotError(f'{call.text}: {arg.name}={value} {arg.unit} is outside the '
-                                 f'robot limits [{arg.min}, {arg.max}]')
+        problem = call_problem(self.profile, call)
+        if problem is not None:
+            raise RobotError(f'{call.text}: {problem}')
 
     @abstractmethod
     def perform(self, call: SkillCall) -> object:

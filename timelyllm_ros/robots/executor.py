@@ -16,7 +16,13 @@ the segmenter parsed (:attr:`Statement.condition` and :attr:`Statement.body`); a
 by hand from a flat call list (no body) runs its calls in order, a conditional's first call being
 its condition. The first failing skill stops the segment; :class:`SegmentExecution` reports
 what ran, with times from the executor's clock, and the failure. Robot failures never raise
-out of :meth:`SkillExecutor.execute`.
+out of :meth:`SkillExecutor.execute`: a :class:`~timelyllm_ros.errors.RobotError` or any other
+exception from the backend (a vendor client's ``ValueError``, a dead socket) becomes a failed
+skill record and a failed segment naming the call and the reason.
+
+Before anything is sent, every statement is re-checked against the robot's profile
+(:func:`~timelyllm_ros.segmenter.statement_problem`: finite arguments within the limits, loop
+counts, nesting depth, conditions from query skills), whatever built it.
 """
 
 from __future__ import annotations
@@ -27,11 +33,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from timelyllm_ros.clock import Clock
-from timelyllm_ros.errors import ProfileError, RobotError
+from timelyllm_ros.errors import RobotError
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.base import Execution
-from timelyllm_ros.segmenter import SkillCall, Statement
+from timelyllm_ros.segmenter import SkillCall, Statement, statement_problem
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +80,13 @@ class SegmentExecution:
 
 class _Stop(Exception):
     """Internal: a skill failed, the segment stops."""
+
+
+def _reason(err: BaseException) -> str:
+    """An exception as a failure reason: a RobotError's message, else its type and message."""
+    if isinstance(err, RobotError):
+        return str(err)
+    return f'{type(err).__name__}: {err}'
 
 
 def _as_bool(result: object) -> bool:
@@ -145,17 +158,26 @@ class SkillExecutor:
         """Check every call of the statements against the backend before anything is sent.
 
         Raises:
-            RobotError: A malformed statement, an unsupported skill or an argument outside
-                the robot's limits; the message names the call.
+            RobotError: A malformed statement, a statement the profile does not allow (see
+                :func:`~timelyllm_ros.segmenter.statement_problem`), an unsupported skill or
+                an argument the backend refuses; the message names the call. Any exception
+                of the backend's check is reported as a RobotError.
         """
+        profile = self.backend.profile
         for statement in statements:
             if statement.error is not None:
                 raise RobotError(f'{statement.text}: malformed statement: {statement.error}')
+            problem = statement_problem(profile, statement)
+            if problem is not None:
+                named = problem.startswith(f'{statement.text}: ')
+                raise RobotError(problem if named else f'{statement.text}: {problem}')
             for call in statement.calls:
                 try:
                     self.backend.check(call)
-                except ProfileError as err:
-                    raise RobotError(f'{call.text}: {err}') from None
+                except RobotError:
+                    raise
+                except Exception as err:  # noqa: BLE001 -- a refusal, whatever the backend
+                    raise RobotError(f'{call.text}: {_reason(err)}') from None
 
     def execute(self, segment: Segment) -> SegmentExecution:
         """Validate, then perform the segment's statements in order.
@@ -165,7 +187,8 @@ class SkillExecutor:
 
         Returns:
             The execution record. On a refused segment ``skills`` is empty; on a failing
-            skill the segment stops there and ``error`` names the call and the reason.
+            skill the segment stops there and ``error`` names the call and the reason. Never
+            raises for anything the robot or its backend does.
         """
         start = self.clock.now()
         try:
@@ -176,9 +199,9 @@ class SkillExecutor:
                                     f'{err}')
         try:
             self.backend.connect()
-        except RobotError as err:
+        except Exception as err:  # noqa: BLE001 -- robot failures never raise out
             return SegmentExecution(segment.index, start, self.clock.now(), False,
-                                    f'segment {segment.index}: cannot connect: {err}')
+                                    f'segment {segment.index}: cannot connect: {_reason(err)}')
         records: list[SkillRecord] = []
         try:
             for statement in segment.statements:
@@ -186,6 +209,10 @@ class SkillExecutor:
         except _Stop as stop:
             return SegmentExecution(segment.index, start, self.clock.now(), False, str(stop),
                                     records)
+        except Exception as err:  # noqa: BLE001 -- last resort: fail the segment, never raise
+            logger.exception('segment %d failed unexpectedly', segment.index)
+            return SegmentExecution(segment.index, start, self.clock.now(), False,
+                                    f'segment {segment.index} failed: {_reason(err)}', records)
         return SegmentExecution(segment.index, start, self.clock.now(), True, '', records)
 
     def _run(self, statement: Statement, records: list[SkillRecord]) -> None:
@@ -223,11 +250,12 @@ class SkillExecutor:
                 self._perform(call, records)
 
     def _perform(self, call: SkillCall, records: list[SkillRecord]) -> object:
+        """Perform one call; any exception of the backend is a failed record and stops."""
         begin = self.clock.now()
         try:
             result = self.backend.perform(call)
-        except RobotError as err:
-            reason = str(err)
+        except Exception as err:  # noqa: BLE001 -- robot failures never raise out
+            reason = _reason(err)
             records.append(SkillRecord(call.skill, call.text, dict(call.args), begin,
                                        self.clock.now(), False, reason))
             prefix = f'{call.text}: '

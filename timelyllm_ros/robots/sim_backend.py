@@ -106,10 +106,11 @@ class SimulatedBackend(RobotBackend):
         """Let the call's duration pass, then fail if told to or return its result.
 
         Raises:
-            RobotError: Not connected, or an injected failure.
+            RobotError: Not connected, a call :meth:`check` refuses, or an injected failure.
         """
         if not self.connected:
             raise RobotError(f'{call.text}: {self.profile.name} simulated robot is not connected')
+        self.check(call)
         self.performed.append(call)
         wait_on(self.clock, self.duration_s(call))
         if self._fail_on & {call.skill, call.short, call.text}:

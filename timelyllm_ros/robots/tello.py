@@ -295,10 +295,13 @@ class TelloBackend(RobotBackend):
             The perception answer for perception skills, the text for ``l``, else None.
 
         Raises:
-            RobotError: Not connected, unsupported skill, a refusal, a timeout or a dead socket.
+            RobotError: Not connected, a call :meth:`check` refuses (unsupported skill, an
+                argument that is not finite or outside the limits), a refusal, a timeout or a
+                dead socket.
         """
         if self._tello is None:
             raise RobotError(f'{call.text}: the Tello backend is not connected')
+        self.check(call)  # nothing leaves for the drone that the profile does not allow
         skill = call.skill
         if skill in MOTION_COMMANDS:
             value = next(iter(call.args.values()))

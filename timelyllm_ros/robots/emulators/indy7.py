@@ -46,7 +46,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
 
 JOINT_LIMIT_DEG = 175.0
 """Indy7 datasheet joint range, +- degrees."""
@@ -390,7 +390,7 @@ class Indy7Emulator:
         if not 0 <= port < 65536:
             raise ValueError(f'port {port} is outside 0..65535')
         if not isinstance(profile, RobotProfile):
-            profile = load_profile(profile if profile is not None else 'indy7')
+            profile = load_profile_name_or_file(profile if profile is not None else 'indy7')
         self.host = host
         self.profile = profile
         self._requested_port = port
