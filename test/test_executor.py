@@ -221,7 +221,7 @@ def test_out_of_range_segment_is_refused_before_anything_is_sent(tello):
     result = SkillExecutor(backend, clock).execute(seg)
     assert not result.success
     assert result.skills == [] and backend.performed == []
-    assert 'mf(600): distance=600 cm is outside the robot limits' in result.error
+    assert 'mf(600): distance=600 above the maximum 500 cm' in result.error
     assert result.start_time == result.end_time == clock.now() == 5.0
 
 
@@ -303,8 +303,8 @@ def test_wall_clock_backend_sleeps(tello):
     began = time.monotonic()
     result = SkillExecutor(backend, clock).execute(segment(tello, 'd(0.05);d(0.05)'))
     assert result.success
-    assert time.monotonic() - began >= 0.1
-    assert result.end_time - result.start_time == pytest.approx(0.1, abs=0.05)
+    assert time.monotonic() - began >= 0.1           # lower bounds: sleeps never end early
+    assert result.end_time - result.start_time >= 0.1 - 1e-6
 
 
 def test_bad_backend_parameters(tello):

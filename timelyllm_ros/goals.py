@@ -16,16 +16,15 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from timelyllm_ros.errors import GoalError, TimelyError, TufError
+from timelyllm_ros.profiles import PROFILE_NAME
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 
 MAX_TASK_CHARS = 4096
 MAX_ROBOT_ID_CHARS = 128
-MAX_KIND_CHARS = 64
 MAX_TUF_SECONDS = 86_400.0          # an ERT or zero-utility time beyond a day is a mistake
 MAX_TUF_UTILITY = 1e6
 
 ROBOT_ID_PATTERN = r'^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$'
-ROBOT_KIND_PATTERN = r'^[A-Za-z][A-Za-z0-9_-]*$'
 _CONTROL = re.compile(r'[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]')
 
 
@@ -50,8 +49,7 @@ class _GoalSchema(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra='forbid')
 
     robot_id: Annotated[str, Field(max_length=MAX_ROBOT_ID_CHARS)]
-    robot_kind: Annotated[str, Field(min_length=1, max_length=MAX_KIND_CHARS,
-                                     pattern=ROBOT_KIND_PATTERN)]
+    robot_kind: str
     task: Annotated[str, Field(min_length=1, max_length=MAX_TASK_CHARS)]
     urgency: str
     tuf: tuple[float, float, float] | None     # (beta, ert_s, alpha)
@@ -65,6 +63,14 @@ class _GoalSchema(BaseModel):
         if not re.match(ROBOT_ID_PATTERN, robot_id):
             raise ValueError('a robot id is letters, digits and _ . : / - only')
         return robot_id
+
+    @field_validator('robot_kind')
+    @classmethod
+    def _profile_name(cls, kind: str) -> str:
+        if not PROFILE_NAME.fullmatch(kind):
+            raise ValueError('a robot kind is a profile name (letters, digits, _ and -, at '
+                             'most 64), never a path')
+        return kind
 
     @field_validator('task')
     @classmethod

@@ -156,7 +156,7 @@ class PlannerService:
         try:
             profile = self.scheduler.profile(goal.robot_kind)
         except ProfileError as err:
-            raise GoalError(f'unknown robot kind {goal.robot_kind!r}: {err}') from None
+            raise GoalError(f'unknown robot kind: {err}') from None
         task_class = goal.urgency if profile.kind != 'arm' else 'arm'
         script = script_for(goal, task_class) if self.simulated_text else None
         task_id = f'{goal.robot_id}#{next(self._ids)}'
