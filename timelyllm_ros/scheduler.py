@@ -287,9 +287,10 @@ class Scheduler:
         return bool(self.queue) or bool(self._running)
 
     @property
-    def awaiting_reports(self) -> bool:
-        """Whether a dispatched segment still has a pending report deadline."""
-        return bool(self._deadlines)
+    def next_deadline(self) -> float | None:
+        """The earliest pending report deadline (s on the clock), or None; it may belong to a
+        segment reported since, which :meth:`expire_overdue` then skips."""
+        return self._deadlines[0][0] if self._deadlines else None
 
     def decide(self) -> list[Generation]:
         """Refresh priorities, then admit the best queued generations while allowed.
@@ -317,8 +318,8 @@ class Scheduler:
                 row = int(ties[np.argmin(seq[ties])])
             candidate = self.queue.at(row)
             ctx = self._context(now)
-            admit = self.policy.admit(candidate, ctx)
             try:
+                admit = self.policy.admit(candidate, ctx)   # may ask the engine (can_run)
                 fits_alone = admit or bool(self._running) or self.engine.can_run(
                     candidate.task_id)
                 if admit:
