@@ -144,7 +144,9 @@ class PlannerService:
 
     # -- callers' side (any thread) ----------------------------------------------------------
     def make_spec(self, goal: PlanGoal) -> TaskSpec:
-        """Validate a goal and turn it into a task; raises GoalError with the reason."""
+        """Validate a goal and turn it into a task; raises GoalError with the reason (also
+        when the service failed or stopped)."""
+        self._check_serving()
         try:
             return self._make_spec(validate_goal(goal))
         except TimelyError:
@@ -173,11 +175,14 @@ class PlannerService:
         service that failed or stopped)."""
         spec = self.make_spec(goal)
         with self._accepting:
-            if self._status in ('failed', 'stopped'):
-                raise GoalError(f'the planner is not serving ({self._status}): '
-                                f'{self.loop_error or "stopped"}')
+            self._check_serving()
             self._inbox.put(('submit', (spec, on_segment, on_end, goal.wait_for_execution)))
         return spec.task_id
+
+    def _check_serving(self) -> None:
+        if self._status in ('failed', 'stopped'):
+            raise GoalError(f'the planner is not serving ({self._status}): '
+                            f'{self.loop_error or "stopped"}')
 
     def cancel(self, task_id: str) -> None:
         """Drop a goal's generation and free its memory (its end listener is called)."""

@@ -59,6 +59,7 @@ class PlannerNode(Node):
             self, PlanTask, 'plan', execute_callback=self.execute_callback,
             goal_callback=self.goal_callback, cancel_callback=self.cancel_callback,
             callback_group=group)
+        self._reported_failure = False
         self.service.start()
         self.get_logger().info(
             f"planner ready: engine {param('engine').value}, policy {param('policy').value}")
@@ -116,6 +117,9 @@ class PlannerNode(Node):
 
     def publish_state(self) -> None:
         state = self.service.state()
+        if state.status == 'failed' and not self._reported_failure:
+            self._reported_failure = True
+            self.get_logger().error(f'planner service failed, refusing goals: {state.error}')
         self.state_pub.publish(SchedulerState(
             stamp=_convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
             running=state.running, batch_size=state.last_batch_size,
