@@ -37,8 +37,8 @@ from timelyllm_ros.errors import TraceFormatError
 __all__ = [
     'MSG_TYPES', 'META_TOPIC', 'SEGMENTS_TOPIC', 'SEGMENT_DONE_TOPIC', 'SKILLS_TOPIC',
     'TASKS_TOPIC', 'TOPICS', 'TraceFormatError', 'UNSET_STAMP_SEC', 'VERSION_LATEST',
-    'deserialize', 'msg_dir', 'ns_to_seconds', 'seconds_to_ns', 'serialize', 'stamp',
-    'stamp_ns', 'stamp_seconds', 'typestore',
+    'check_message', 'deserialize', 'msg_dir', 'ns_to_seconds', 'seconds_to_ns', 'serialize',
+    'stamp', 'stamp_ns', 'stamp_seconds', 'typestore',
 ]
 
 VERSION_LATEST = 1
@@ -150,6 +150,36 @@ def deserialize(data: bytes | memoryview, msgtype: str) -> Any:
         return store.deserialize_cdr(bytes(data), msgtype)
     except Exception as err:  # noqa: BLE001 - rosbags raises struct/index/value errors
         raise TraceFormatError(f'malformed {msgtype} message: {err}') from None
+
+
+TASK_SEGMENT_FIELDS = ('cut_tokens', 'cut_stamps', 'dispatch_stamps', 'start_stamps',
+                       'end_stamps', 'estimated_execution_s', 'segment_texts', 'segment_success',
+                       'segment_errors')
+"""``TaskRecord`` arrays that hold one entry per segment (so they have the same length)."""
+
+
+def check_message(msg: Any, msgtype: str) -> None:
+    """Check what the CDR encoding cannot: the invariants readers of a message rely on.
+
+    Args:
+        msg: a decoded message.
+        msgtype: its type.
+
+    Raises:
+        TraceFormatError: a ``TaskRecord`` whose per-segment arrays differ in length, or a
+            stamp whose ``nanosec`` is not below one second.
+    """
+    if msgtype == TASK_RECORD:
+        lengths = {name: len(getattr(msg, name)) for name in TASK_SEGMENT_FIELDS}
+        if len(set(lengths.values())) > 1:
+            raise TraceFormatError(f'TaskRecord {msg.task_id!r}: per-segment arrays differ in '
+                                   f'length {lengths}')
+    for name in ('arrival_stamp', 'done_stamp', 'generated_stamp', 'start_stamp', 'end_stamp',
+                 'cut_stamps', 'dispatch_stamps', 'start_stamps', 'end_stamps'):
+        value = getattr(msg, name, None)
+        stamps = value if isinstance(value, list) else [] if value is None else [value]
+        if any(not 0 <= int(s.nanosec) < _NS for s in stamps):
+            raise TraceFormatError(f'{msgtype}: {name} has a nanosec field of one second or more')
 
 
 # -- time -------------------------------------------------------------------------------------

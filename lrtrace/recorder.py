@@ -10,7 +10,13 @@ Crash safety: rosbags' MCAP writer keeps the open chunk in memory and only close
 holds ``chunk_size`` bytes and flushes the file (optionally ``fsync``) after every chunk, so a
 recorder killed with SIGKILL leaves an ``.mcap`` file that is readable up to its last closed
 chunk. Such a file has no summary section, no footer and no ``metadata.yaml``;
-:mod:`lrtrace.reader` falls back to streaming it record by record.
+:mod:`lrtrace.reader` reads it up to where it stops.
+
+Corruption is detected: rosbags writes every CRC of the MCAP file as 0 ("not computed"); the
+recorder writes the CRC-32 of every chunk's records as the chunk is written, and on close the
+data-section CRC (``DataEnd``) and the summary CRC (``Footer``), as the MCAP specification
+defines them, so that a reader (:mod:`lrtrace.reader`, the ``mcap`` package) refuses altered
+bytes instead of returning altered data.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import functools
 import logging
 import math
 import os
+import struct
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from io import BytesIO
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,7 +49,7 @@ from timelyllm_ros.robots.backend import SkillRecord
 from timelyllm_ros.segmenter import SkillCall, segment_text
 
 __all__ = ['DEFAULT_CHUNK_SIZE', 'TraceRecorder', 'record_simulation', 'simulation_skill_records',
-           'with_drawn_skill_times']
+           'with_drawn_skill_times', 'write_mcap_crcs']
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +59,75 @@ DEFAULT_CHUNK_SIZE = 32 * 1024
 PRODUCER = 'lrtrace (timelyllm_ros)'
 
 
+_MAGIC_SIZE = 8
+_FOOTER_SIZE = 1 + 8 + 8 + 8 + 4        # opcode, length, summary start/offset start, CRC
+_DATA_END_SIZE = 1 + 8 + 4              # opcode, length, data section CRC
+_CHUNK_CRC_AT = 1 + 8 + 8 + 8 + 8       # opcode, length, start and end time, uncompressed size
+_CRC_BLOCK = 1 << 20
+
+
+class _OffsetBuffer(BytesIO):
+    """An in-memory buffer whose ``tell()`` is the file offset it will be written at."""
+
+    def __init__(self, base: int) -> None:
+        super().__init__()
+        self.base = base
+
+    def tell(self) -> int:
+        return self.base + super().tell()
+
+
+def _crc_of_file(stream: Any, start: int, end: int, crc: int = 0) -> int:
+    """CRC-32 of the bytes ``[start, end)`` of a binary file, read in blocks."""
+    stream.seek(start)
+    left = end - start
+    while left > 0:
+        block = stream.read(min(left, _CRC_BLOCK))
+        if not block:
+            raise OSError(f'file ends {left} bytes early')
+        crc = zlib.crc32(block, crc)
+        left -= len(block)
+    return crc
+
+
+def write_mcap_crcs(path: Path) -> bool:
+    """Fill in the data-section and summary CRCs of a closed MCAP file written by rosbags.
+
+    Args:
+        path: the ``.mcap`` file (closed: footer and closing magic written).
+
+    Returns:
+        Whether both CRCs were written (``False``: the file does not end the way rosbags'
+        writer ends it, and is left as it is).
+    """
+    with path.open('r+b') as stream:
+        size = stream.seek(0, os.SEEK_END)
+        footer = size - _MAGIC_SIZE - _FOOTER_SIZE
+        if footer < _MAGIC_SIZE:
+            return False
+        stream.seek(footer)
+        opcode, length, summary_start, _, _ = struct.unpack('<BQQQI', stream.read(_FOOTER_SIZE))
+        data_end = summary_start - _DATA_END_SIZE
+        if opcode != 0x02 or length != _FOOTER_SIZE - 9 or not _MAGIC_SIZE < data_end < footer:
+            return False
+        stream.seek(data_end)
+        if struct.unpack('<BQ', stream.read(9)) != (0x0F, 4):
+            return False
+        data_crc = _crc_of_file(stream, 0, data_end)
+        stream.seek(data_end + 9)
+        stream.write(struct.pack('<I', data_crc))
+        summary_crc = _crc_of_file(stream, summary_start, footer + _FOOTER_SIZE - 4)
+        stream.seek(footer + _FOOTER_SIZE - 4)
+        stream.write(struct.pack('<I', summary_crc))
+    return True
+
+
 class _FlushingMcapWriter(McapWriter):
-    """rosbags' MCAP storage writer that closes chunks at ``chunk_size`` and flushes them."""
+    """rosbags' MCAP storage writer that closes chunks at ``chunk_size`` and flushes them.
+
+    It also writes the CRCs rosbags leaves at 0: each chunk's as the chunk is written, the
+    data-section and summary CRCs on close.
+    """
 
     def __init__(self, path: Path, compression: CompressionMode, *, chunk_size: int,
                  fsync: bool) -> None:
@@ -66,7 +142,21 @@ class _FlushingMcapWriter(McapWriter):
             self.close_chunk()
 
     def close_chunk(self) -> None:
-        super().close_chunk()
+        """Write the open chunk, with its CRC, and its message indexes in one go; flush."""
+        with self.chunk.bio.getbuffer() as records:
+            crc = zlib.crc32(records)
+        file = self.bio
+        buffer = _OffsetBuffer(file.tell())
+        self.bio = buffer   # type: ignore[assignment]
+        try:
+            super().close_chunk()
+        finally:
+            self.bio = file
+        with buffer.getbuffer() as record:
+            if record[0] != 0x06:
+                raise TraceFormatError(f'{self.path}: rosbags wrote no chunk record')
+            struct.pack_into('<I', record, _CHUNK_CRC_AT, crc)
+            file.write(record)
         self.bio.flush()
         if self.fsync:
             os.fsync(self.bio.fileno())
@@ -76,6 +166,16 @@ class _FlushingMcapWriter(McapWriter):
         """Close the open chunk (if it holds anything) and push it to the file."""
         if self.chunk.bio.tell():
             self.close_chunk()
+
+    def close(self, version: int, metadata: str) -> None:
+        """Write the summary and footer (rosbags), then the data-section and summary CRCs."""
+        super().close(version, metadata)
+        if not write_mcap_crcs(self.path):
+            logger.warning('%s: unexpected MCAP layout, data and summary CRCs left at 0',
+                           self.path)
+        if self.fsync:
+            with self.path.open('rb') as stream:
+                os.fsync(stream.fileno())
 
 
 class TraceRecorder:

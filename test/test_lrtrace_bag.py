@@ -127,7 +127,7 @@ def test_recorded_bag_reads_back_with_the_mcap_package(wid1_run, wid1_bag):
     store = fmt.typestore()
     seen: dict[str, int] = {}
     with (path / f'{path.name}.mcap').open('rb') as stream:
-        reader = make_reader(stream)
+        reader = make_reader(stream, validate_crcs=True)     # the recorder writes chunk CRCs
         assert reader.get_header().profile == 'ros2'
         for schema, channel, message in reader.iter_messages():
             assert schema is not None and schema.encoding == 'ros2msg'
@@ -199,7 +199,7 @@ def _stream_messages(path: Path) -> list[tuple[str, str, bytes]]:
     out = []
     with path.open('rb') as stream:
         try:
-            for record in StreamReader(stream, validate_crcs=False).records:
+            for record in StreamReader(stream, validate_crcs=True).records:
                 if isinstance(record, Schema):
                     schemas[record.id] = record
                 elif isinstance(record, Channel):
@@ -239,8 +239,9 @@ def test_sigkilled_recorder_leaves_a_readable_mcap(tmp_path):
         msg = store.deserialize_cdr(data, msgtype)
         assert (msg.segment_index, msg.call) == (i, f'mf({20 + i % 480})')
         assert fmt.stamp_ns(msg.start_stamp) == i * 1_000_000_000
-    bag = read_bag(path)            # lrtrace falls back to streaming the .mcap
+    bag = read_bag(path)            # lrtrace reads the .mcap up to where it stops
     assert bag.truncated and len(bag.skills) == len(skills) and bag.source == 'killed'
+    assert bag.truncated_at is not None and bag.truncated_at <= mcap_path.stat().st_size
 
 
 def _write_samples(path: Path, rng: np.random.Generator) -> dict[str, list[float]]:
