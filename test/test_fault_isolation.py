@@ -279,3 +279,20 @@ def test_stopping_the_service_ends_every_goal() -> None:
     assert service.state().status == 'stopped'
     with pytest.raises(GoalError, match='not serving'):
         service.submit(PlanGoal('drone_9', 'tello', 'take off'), print, print)
+
+
+@pytest.mark.parametrize('policy', ['timelyllm', 'vllm-stream'])
+def test_the_reported_outputs_reject_only_their_own_statements(policy) -> None:
+    # Issue 13 item 1 as reported: 12 goals beside one with a 5,000-digit loop count and one
+    # with 400 nested loops. The two are refused (no executable skill); the 12 plans are intact.
+    scheduler, _, _ = make_scheduler(policy)
+    normal = [scheduler.submit(make_spec(f'n{i}', plan='mr(50);mf(100)')) for i in range(12)]
+    digits = scheduler.submit(make_spec('digits', plan='9' * 5000 + '{tp()}'))
+    nested = scheduler.submit(make_spec('nested', plan='1{' * 400 + 'tp()' + '}' * 400))
+    plans = dispatched(scheduler, drain(scheduler))
+    for generation in (digits, nested):
+        assert generation.status == TaskStatus.FAILED
+        assert generation.error.startswith('no executable skill'), generation.error
+    for generation in normal:
+        assert generation.status == TaskStatus.GENERATED
+        assert plans[generation.task_id] == 'mr(50);mf(100)'
