@@ -9,11 +9,23 @@ from __future__ import annotations
 import pytest
 from utils import make_spec, tiny_calibration
 
-from timelyllm_ros.admission import AdmissionContext, budget_s, fits, latency_guided, wcet_s
+from timelyllm_ros.admission import (
+    AdmissionContext,
+    budget_s,
+    delay_cost,
+    fits,
+    latency_guided,
+    lost,
+    queue_loss_rate,
+    wcet_s,
+    zero_utility_budget_s,
+)
+from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.request import Generation, TaskStatus
+from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 
 COMM = 0.008
 L_MAX = 10
@@ -154,3 +166,84 @@ def test_latency_guided_admits_at_least_as_urgent_candidate() -> None:
     # an older urgent arrival has less budget -> admitted
     older = _add(engine, 'u4', 1000, task_class='urgent', arrival=-0.01)
     assert latency_guided(older, ctx)
+
+
+# -- goals already late (issue 13, item 7) ----------------------------------------------------
+def _late_ctx(engine: SimulatedEngine, running: list[Generation], queued: list[Generation],
+              max_batch: int, now: float = 0.05) -> AdmissionContext:
+    return AdmissionContext(now=now, comm_s=COMM, engine=engine, running=running,
+                            max_batch=max_batch, recent_step_s=None,
+                            max_segment_tokens=lambda g: L_MAX, queued=queued)
+
+
+def test_zero_utility_budget_and_lost_by_hand() -> None:
+    engine = _engine()
+    ctx = _ctx(engine, [], now=0.05)
+    # urgent TUF0: utility 0 at 0.5 s -> 0 + 0.5 - 0.05 - 0.008 = 0.442
+    urgent = _add(engine, 'u', 10, task_class='urgent')
+    assert zero_utility_budget_s(urgent, ctx) == pytest.approx(0.442)
+    # normal TUF1 (k >= 1, ERT 0): utility 0 at 0.5 s after need 1.0 -> 1.442
+    later = _add(engine, 'n', 10, k=1, need=1.0)
+    assert zero_utility_budget_s(later, ctx) == pytest.approx(1.442)
+    assert not lost(urgent, ctx) and not lost(later, ctx)
+    # an urgent goal that arrived 1 s ago: -0.558, nothing left to earn
+    old = _add(engine, 'o', 10, task_class='urgent', arrival=-1.0)
+    assert zero_utility_budget_s(old, ctx) == pytest.approx(-0.558) and lost(old, ctx)
+
+
+def test_late_most_urgent_still_holds_back_a_costly_candidate_when_few_wait() -> None:
+    engine = _engine()
+    # urgent, arrived 0.3 s ago: budget -0.3 + 0.2 - 0.058 = -0.158 (late, not yet lost)
+    urgent = _add(engine, 'u', 10, task_class='urgent', arrival=-0.3, segment_tokens=2,
+                  run=True)
+    candidate = _add(engine, 'n', 1000)            # 0.1 s prefill, budget 0.942
+    ctx = _late_ctx(engine, [urgent], [candidate], max_batch=8)
+    assert budget_s(urgent, ctx) == pytest.approx(-0.158) and not lost(urgent, ctx)
+    # its WCET grows from 8 * 0.020 = 0.16 to 0.1 + 8 * 0.030 = 0.34: 0.18 s past its
+    # deadline at -alpha = 20/3 per s = 1.2 utility, against nothing lost by waiting
+    assert delay_cost(0.1, ctx) == pytest.approx(0.18 * 20 / 3)
+    assert queue_loss_rate(ctx) == 0.0
+    assert not latency_guided(candidate, ctx)
+
+
+def test_a_queue_of_lost_goals_is_not_throttled_for_a_late_one() -> None:
+    engine = _engine()
+    urgent = _add(engine, 'u', 10, task_class='urgent', arrival=-0.3, segment_tokens=2,
+                  run=True)
+    candidate = _add(engine, 'n', 1000)
+    lost_goals = [_add(engine, f'l{i}', 10, arrival=-10.0) for i in range(20)]
+    ctx = _late_ctx(engine, [urgent], [candidate, *lost_goals], max_batch=8)
+    assert all(lost(g, ctx) for g in lost_goals)
+    # 20 lost normal goals (-alpha 2 each), 7 free slots: 14 utility/s lost while they
+    # wait for the urgent one's segment (0.16 s): 2.24 > 1.2 -> the batch grows
+    assert queue_loss_rate(ctx) == pytest.approx(14.0)
+    assert queue_loss_rate(ctx, (40.0, 20)) == pytest.approx(14.0)
+    assert latency_guided(candidate, ctx)
+    # with 3 free slots only 6 utility/s: 0.96 < 1.2 -> refused
+    assert not latency_guided(candidate, _late_ctx(engine, [urgent], [candidate, *lost_goals],
+                                                   max_batch=4))
+
+
+def test_a_lost_candidate_joins_a_batch_whose_most_urgent_is_late() -> None:
+    engine = _engine()
+    urgent = _add(engine, 'u', 10, task_class='urgent', arrival=-0.3, segment_tokens=2,
+                  run=True)
+    old = _add(engine, 'o', 10, arrival=-10.0)      # budget far below the urgent one's
+    assert latency_guided(old, _late_ctx(engine, [urgent], [old], max_batch=8))
+
+
+def test_policy_counts_lost_goals_once_per_decision_like_the_scalar_test() -> None:
+    from timelyllm_ros.policies.timelyllm import lost_slopes
+
+    engine = _engine(max_num_seqs=64)
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock(),
+                          SchedulerConfig(report_deadlines=False))
+    for i in range(12):
+        scheduler.submit(make_spec(f't{i}', task_class='urgent' if i % 3 else 'normal',
+                                   arrival=0.1 * i, prompt_tokens=10))
+    scheduler.clock.advance_to(1.3)
+    ctx = scheduler._context(1.3)
+    expected = [-g.spec.tuf.alpha for g in scheduler.queue.generations if lost(g, ctx)]
+    assert 0 < len(expected) < 12
+    total, count = lost_slopes(scheduler.queue.view(COMM), 1.3)
+    assert count == len(expected) and total == pytest.approx(sum(expected))

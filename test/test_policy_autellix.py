@@ -3,8 +3,9 @@ anti-starvation, capacity and a whole WID1 run."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -101,10 +102,11 @@ def call_pieces(calls: Sequence[int]) -> tuple[str, ...]:
 def run_programs(policy: Policy, programs: Sequence[tuple[str, float, Sequence[int], str]],
                  batch: int, limit: int = 5000) -> tuple[dict[str, Generation], UnitEngine]:
     """Run (task id, arrival, call lengths, robot id) on the unit engine; segments are
-    re-queued at once (the robots' execution, Autellix's interrupt, takes no time)."""
+    re-queued at once (the robots' execution, Autellix's interrupt, takes no time). No robot
+    reports, so the scheduler's report deadlines are off."""
     engine = UnitEngine(batch)
     clock = SimClock()
-    scheduler = Scheduler(policy, engine, clock)
+    scheduler = Scheduler(policy, engine, clock, SchedulerConfig(report_deadlines=False))
     pending = sorted(programs, key=lambda p: p[1])
     generations: dict[str, Generation] = {}
     for _ in range(limit):
@@ -341,3 +343,74 @@ def test_capacity_is_never_exceeded_under_memory_pressure(name: str) -> None:
     assert all(g.status == TaskStatus.FINISHED for g in result.generations)
     assert max(result.batch_sizes) <= 6 and engine.peak_batch >= 2
     assert engine.kv.swaps_out > 0                                  # memory was contended
+
+
+# -- bounded state (issue 13, item 8) ---------------------------------------------------------
+def _run_waves(policy: AutellixPolicy, waves: int, per_wave: int,
+               robot: Callable[[int, int], str], keep: str | None = None,
+               probe: Callable[[Scheduler], None] | None = None) -> dict[str, int]:
+    """Submit ``waves`` waves of ``per_wave`` goals (robot id ``robot(wave, i)``) through a real
+    scheduler over the simulated engine, each wave run until its goals are generated; with
+    ``keep`` a long goal of that robot is submitted first. ``probe`` runs after every tick.
+    Returns the largest size of each internal structure seen after any tick."""
+    clock = SimClock()
+    scheduler = Scheduler(policy, SimulatedEngine(), clock,
+                          SchedulerConfig(report_deadlines=False))
+    if keep is not None:
+        scheduler.submit(make_spec('keep', plan=';'.join(['mf(50)'] * 40), robot_id=keep))
+    sizes: dict[str, int] = {}
+    for wave in range(waves):
+        ids = [f'w{wave}-{i}' for i in range(per_wave)]
+        for i, task_id in enumerate(ids):
+            scheduler.submit(make_spec(task_id, arrival=clock.now(), robot_id=robot(wave, i)))
+        while any(scheduler.generations[t].status < TaskStatus.GENERATED for t in ids):
+            scheduler.tick()
+            if probe is not None:
+                probe(scheduler)
+            queued = sum(len(q) for q in policy.queues)
+            for name, size in (('table', len(policy.table)), ('calls', len(policy.calls)),
+                               ('queues', queued), ('gens', len(policy._gens)),
+                               ('by_seq', len(policy._by_seq))):
+                sizes[name] = max(sizes.get(name, 0), size)
+    return sizes
+
+
+def test_process_table_stays_bounded_by_the_live_programs() -> None:
+    # 400 goals from 400 distinct robots, at most 10 live at a time
+    per_wave, waves, idle = 10, 40, 8
+    policy = AutellixPolicy(idle_programs=idle)
+    sizes = _run_waves(policy, waves, per_wave, robot=lambda w, i: f'r{w}-{i}')
+    assert sizes['table'] <= 2 * per_wave + idle < waves * per_wave
+    for name in ('calls', 'queues', 'gens', 'by_seq'):
+        assert sizes[name] <= per_wave, name
+    assert len(policy.table) <= idle + 1 and not policy.calls and not policy._gens
+
+
+def test_a_live_program_keeps_its_attained_service() -> None:
+    # robot-keep's long goal stays live while other robots come and go and are forgotten
+    policy = AutellixPolicy(idle_programs=0)
+    seen: list[tuple[float, int]] = []            # (robot-keep's service, table size)
+
+    def probe(scheduler: Scheduler) -> None:
+        if scheduler.generations['keep'].status < TaskStatus.GENERATED:
+            assert 'robot-keep' in policy.table
+            seen.append((policy.table['robot-keep'].service, len(policy.table)))
+
+    _run_waves(policy, 6, 10, robot=lambda w, i: f'r{w}-{i}', keep='robot-keep', probe=probe)
+    services = [service for service, _ in seen]
+    assert services == sorted(services) and services[-1] > 0      # never reset
+    sizes = [size for _, size in seen]
+    assert any(b < a for a, b in itertools.pairwise(sizes)), 'no program was forgotten'
+
+
+def test_recently_idle_robots_are_remembered() -> None:
+    # the same 5 robots send every wave: their entries, idle between waves, are kept
+    policy = AutellixPolicy(idle_programs=8)
+    _run_waves(policy, 10, 5, robot=lambda w, i: f'r{i}')
+    assert set(policy.table) == {f'r{i}' for i in range(5)}
+    assert all(entry.calls >= 10 for entry in policy.table.values())
+
+
+def test_idle_programs_is_checked() -> None:
+    with pytest.raises(ValueError, match='idle_programs'):
+        AutellixPolicy(idle_programs=-1)

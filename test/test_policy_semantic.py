@@ -285,3 +285,41 @@ def test_capacity_is_never_exceeded_under_memory_pressure(max_batch: int) -> Non
     assert all(g.status == TaskStatus.FINISHED for g in result.generations)
     assert max(result.batch_sizes) <= min(max_batch, 16)        # b = 16
     assert math.isfinite(result.sim_time_s)
+
+
+# -- bounded state (issue 13, item 8) ---------------------------------------------------------
+def _run_waves(policy: SemanticPolicy, waves: int, per_wave: int) -> dict[str, int]:
+    """Submit ``waves`` waves of ``per_wave`` goals through a real scheduler over the simulated
+    engine, each wave run until every goal ended; the largest size of each internal
+    structure seen after any tick."""
+    clock = SimClock()
+    scheduler = Scheduler(policy, SimulatedEngine(), clock,
+                          SchedulerConfig(report_deadlines=False))
+    sizes: dict[str, int] = {}
+    for wave in range(waves):
+        for i in range(per_wave):
+            urgent = (wave + i) % 3 == 0
+            scheduler.submit(make_spec(f'w{wave}-{i}', task_class='urgent' if urgent
+                                       else 'normal', arrival=clock.now()))
+        while scheduler.has_work:
+            scheduler.tick()
+            for name in ('_heap', '_evict_heap', '_gens', '_key', '_fe', '_length', '_by_seq'):
+                sizes[name] = max(sizes.get(name, 0), len(getattr(policy, name)))
+    assert all(g.status == TaskStatus.GENERATED for g in scheduler.generations.values())
+    return sizes
+
+
+def test_heaps_stay_bounded_by_the_live_generations() -> None:
+    from timelyllm_ros.policies.semantic import stale_limit
+
+    per_wave, waves = 10, 40
+    policy = SemanticPolicy()
+    sizes = _run_waves(policy, waves, per_wave)
+    # 400 goals, each admitted once per segment; at most 10 live at a time
+    assert sizes['_evict_heap'] <= stale_limit(per_wave) < waves * per_wave
+    assert sizes['_heap'] <= stale_limit(per_wave)
+    for name in ('_gens', '_key', '_fe', '_length', '_by_seq'):
+        assert sizes[name] <= per_wave, name
+    # nothing live is left behind once every goal ended
+    assert not policy._gens and not policy._key and not policy._by_seq
+    assert len(policy._evict_heap) <= stale_limit(0) and len(policy._heap) <= stale_limit(0)

@@ -10,6 +10,22 @@ Two checks, kept apart from the ranking so every policy can reuse them:
   ``step_s(b + 1)`` is the observed recent decode-step time scaled by the engine's latency
   model from b to b + 1 generations. The budget is the slack until the robot needs that
   segment: ``need + ERT − now − comm``.
+
+Once the most urgent running generation has missed that deadline (budget ≤ 0), the paper's
+test refuses every less urgent candidate, for nothing: no refusal can make it keep a deadline
+it already missed. Under overload, when nearly every goal is late, that kept the batch at a
+handful of generations while the rest of the fleet waited (issue 13). So past that point
+admission limits losses instead of guarding a deadline (:func:`latency_guided`): Eq. 1 keeps
+falling at slope α past ERT, and past the zero-utility time too, so every second of delay
+costs a late goal −α. The candidate joins if the running generations lose less from its
+extra delay (:func:`delay_cost`: the late ones for all of it, those still on time for the part
+past their deadline) than the queue loses by waiting: the candidate's own lateness, and the
+goals already past their zero-utility time (:func:`lost`) that could join the batch now
+(:func:`queue_loss_rate`). With a few late goals (a short overload of a small fleet, a costly
+prefill) the running ones win and the batch stays small so that they finish sooner; with a
+queue full of lost goals the batch grows as vLLM's would. While the most urgent running
+generation is on time, the paper's test is unchanged, and the ranking (which puts goals that
+can still earn utility first) is the policy's, untouched.
 """
 
 from __future__ import annotations
@@ -48,6 +64,44 @@ def budget_s(generation: Generation, ctx: AdmissionContext) -> float:
     return generation.need_time + generation.ert_s - ctx.now - ctx.comm_s
 
 
+def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> float:
+    """Time left before the segment being generated can earn no utility any more.
+
+    The zero-utility time of the governing TUF (TUF₀ for k = 0, TUF₁ with ERT 0 for k ≥ 1,
+    :mod:`timelyllm_ros.tuf`), counted from when the robot needs the segment, less the time to
+    reach the robot: ``need + zero − now − comm`` (``inf`` for a flat TUF).
+    """
+    tuf = generation.spec.tuf
+    zero = tuf.zero_s if generation.k == 0 else tuf.zero_s - tuf.ert_s
+    return generation.need_time + zero - ctx.now - ctx.comm_s
+
+
+def lost(generation: Generation, ctx: AdmissionContext) -> bool:
+    """Whether the segment being generated is past its zero-utility time: even delivered now
+    it earns nothing (its utility only falls further, at slope α, while it waits)."""
+    return zero_utility_budget_s(generation, ctx) <= 0.0
+
+
+def queue_loss_rate(ctx: AdmissionContext, lost_slopes: tuple[float, int] | None = None
+                    ) -> float:
+    """Utility per second lost by the queued goals past their zero-utility time that could
+    join the batch now: ``mean(−α) · min(count, free batch slots)``.
+
+    Args:
+        ctx: the admission context (its queue is scanned unless ``lost_slopes`` is given).
+        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known
+            (a policy computes it once per decision, vectorised over the queue).
+    """
+    if lost_slopes is None:
+        slopes = [-g.spec.tuf.alpha for g in ctx.queued if lost(g, ctx)]
+        lost_slopes = (sum(slopes), len(slopes))
+    total, count = lost_slopes
+    if count <= 0:
+        return 0.0
+    free = max(ctx.max_batch - len(ctx.running), 0)
+    return total / count * min(count, free)
+
+
 def wcet_s(generation: Generation, extra_s: float, batch_size: int,
            ctx: AdmissionContext) -> float:
     """Worst-case time to finish the generation's current segment in a batch of the given size."""
@@ -60,7 +114,37 @@ def wcet_s(generation: Generation, extra_s: float, batch_size: int,
     return extra_s + remaining * ctx.recent_step_s * scale
 
 
-def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
+def _step_s(batch_size: int, ctx: AdmissionContext) -> float:
+    """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
+    model_next = ctx.engine.decode_step_s(batch_size)
+    if ctx.recent_step_s is None:
+        return model_next
+    model_now = ctx.engine.decode_step_s(max(len(ctx.running), 1))
+    return ctx.recent_step_s * (model_next / model_now if model_now > 0 else 1.0)
+
+
+def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
+    """Utility the running generations lose if a candidate with run cost ``extra_s`` joins.
+
+    Each one's worst-case segment time grows from ``WCET(b)`` to ``WCET(b + 1)`` (plus the
+    run cost, :func:`wcet_s`); the part of that delay past its deadline (``now + budget``)
+    costs −α per second (Eq. 1, the same slope before and after the zero-utility time).
+    """
+    size = len(ctx.running)
+    step_now, step_next = _step_s(size, ctx), _step_s(size + 1, ctx)
+    cost = 0.0
+    for generation in ctx.running:
+        remaining = max(ctx.max_segment_tokens(generation) - generation.segment_tokens, 1)
+        before = remaining * step_now
+        after = extra_s + remaining * step_next
+        overrun = after - max(before, budget_s(generation, ctx))
+        if overrun > 0:
+            cost -= generation.spec.tuf.alpha * overrun
+    return cost
+
+
+def latency_guided(candidate: Generation, ctx: AdmissionContext,
+                   lost_slopes: tuple[float, int] | None = None) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -68,13 +152,32 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     ``urgency_tie_s`` (one segment generation time G by default in the scheduler) count as
     equally urgent: requests of one event arrive milliseconds apart, and serialising them
     would make each wait a whole segment for a difference of a few milliseconds.
+
+    Once the most urgent one has missed its deadline (budget ≤ 0, module docstring), the
+    candidate joins if the running generations lose less utility from its delay
+    (:func:`delay_cost`) than the queue loses by waiting until the most urgent one has
+    finished its segment: the candidate's own lateness meanwhile, and the lost queued goals
+    that could join now (:func:`queue_loss_rate`).
+
+    Args:
+        candidate: the best queued generation.
+        ctx: the admission context.
+        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known.
     """
     if not ctx.running:
         return True
     most_urgent = min(ctx.running, key=lambda g: budget_s(g, ctx))
     budget = budget_s(most_urgent, ctx)
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
-    if budget_s(candidate, ctx) <= budget + tie:
+    candidate_budget = budget_s(candidate, ctx)
+    if candidate_budget <= budget + tie:
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
-    return wcet_s(most_urgent, extra, len(ctx.running) + 1, ctx) <= budget
+    size = len(ctx.running)
+    if budget > 0:
+        return wcet_s(most_urgent, extra, size + 1, ctx) <= budget
+    wait = wcet_s(most_urgent, 0.0, size, ctx)
+    gain = wait * queue_loss_rate(ctx, lost_slopes)
+    if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
+        gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
+    return delay_cost(extra, ctx) <= gain

@@ -57,11 +57,22 @@ Corrections and interpretations (digest §2.2):
   of the paper that are not modelled: the scheduler runs every iteration (N = 1). The load
   balancer is out of scope (one engine).
 
+Bounded state (this package's choice; the paper keeps a program's entry until its session
+ends). With ``program='task'`` an entry is dropped when its task ends (``end_session``).
+A robot, though, never says that its program ended, so with ``program='robot'`` a robot's
+entry is kept, with its attained service, while it has a live generation (semantics
+unchanged), and once idle among the ``idle_programs`` most recently active idle robots; past
+that the least recently active idle ones are forgotten, lazily, when idle entries outnumber
+live ones plus ``idle_programs``. A forgotten robot's next goal starts a new program
+(attained service 0), as a new Autellix session would. The promotion log keeps the last
+``PROMOTION_LOG`` promotions. So the policy's state is O(live generations + idle_programs)
+however many goals and robots have come and gone.
+
 Constants chosen (none is given by the paper; digest §2.2 suggests FastServe-style values):
 ``num_queues`` K = 6; ``q0_s`` = 0.5 s (about 23 decode steps of the bundled 21.9 ms/token
 calibration, "a few tens of decode steps"); ``starvation_ratio`` β = 4 (the middle of the
 {2, 4, 8, 16} sweep the digest suggests); ``min_service_s`` = q0/20; full quantum on arrival;
-``program`` = ``'robot'``.
+``program`` = ``'robot'``; ``idle_programs`` = 256 idle robots remembered.
 """
 
 from __future__ import annotations
@@ -81,6 +92,7 @@ from timelyllm_ros.request import Generation, TaskStatus
 ProgramId = Literal['robot', 'task']
 Mode = Literal['plas', 'atlas']
 QUEUE_SCALE = 1e9           # queue index weight when (queue, FCFS position) is one number
+PROMOTION_LOG = 1024        # promotions kept for inspection (the most recent)
 
 
 @dataclass(slots=True)
@@ -124,6 +136,13 @@ class Promotion:
     call_wait_s: float               # W_c: the call's own wait since arrival or last reset
 
 
+def _last_activity(entry: Program) -> float:
+    """When a program last had a call arrive or complete (``-inf`` if never)."""
+    times = [t for t in (entry.last_arrival_time, entry.last_completion_time)
+             if not math.isnan(t)]
+    return max(times, default=-math.inf)
+
+
 class AutellixPolicy(PlannedBatchPolicy):
     """Autellix PLAS (single-threaded programs); see the module docstring."""
 
@@ -136,7 +155,7 @@ class AutellixPolicy(PlannedBatchPolicy):
 
     def __init__(self, num_queues: int = 6, q0_s: float = 0.5, starvation_ratio: float = 4.0,
                  program: ProgramId = 'robot', min_service_s: float | None = None,
-                 partial_quantum: bool = False) -> None:
+                 partial_quantum: bool = False, idle_programs: int = 256) -> None:
         """Args:
             num_queues: K, the number of priority queues (≥ 1).
             q0_s: width of Q_1 and base of the geometric boundaries (s of model time).
@@ -145,6 +164,8 @@ class AutellixPolicy(PlannedBatchPolicy):
             program: ``'robot'`` (a robot's tasks form one program) or ``'task'``.
             min_service_s: floor of T_total in the ratio (default q0_s / 20).
             partial_quantum: give an arriving call ``hi_i − p(c)`` instead of a full quantum.
+            idle_programs: idle programs (no live generation) whose attained service is
+                remembered, the most recently active (module docstring).
         """
         super().__init__()
         if num_queues < 1:
@@ -155,13 +176,17 @@ class AutellixPolicy(PlannedBatchPolicy):
             raise ValueError(f'the starvation ratio must be > 0, got {starvation_ratio}')
         if program not in ('robot', 'task'):
             raise ValueError(f"program must be 'robot' or 'task', got {program!r}")
+        if idle_programs < 0:
+            raise ValueError(f'idle_programs must be >= 0, got {idle_programs}')
         self.num_queues = num_queues
         self.q0_s = q0_s
         self.starvation_ratio = starvation_ratio
         self.program = program
         self.min_service_s = q0_s / 20 if min_service_s is None else min_service_s
         self.partial_quantum = partial_quantum
+        self.idle_programs = idle_programs
         self.table: dict[str, Program] = {}
+        self._live_programs = 0          # table entries with a live generation
         self.calls: dict[str, Call] = {}
         self.queues: list[dict[str, None]] = [{} for _ in range(num_queues)]
         self.promotions: list[Promotion] = []
@@ -205,7 +230,7 @@ class AutellixPolicy(PlannedBatchPolicy):
     def _arrive(self, generation: Generation, now: float) -> None:
         pid = self.program_id(generation)
         entry = self.table.setdefault(pid, Program())
-        entry.active.add(generation.task_id)
+        self._activate(entry, generation.task_id)
         entry.last_arrival_time = now
         self.calls[generation.task_id] = Call(generation.task_id, pid, entry.service, now)
         self._arrived.append(generation.task_id)
@@ -221,7 +246,30 @@ class AutellixPolicy(PlannedBatchPolicy):
         entry.wait += call.wait_total
         entry.calls += 1
         entry.last_completion_time = now
-        entry.active.discard(task_id)
+        self._deactivate(entry, task_id)
+
+    def _activate(self, entry: Program, task_id: str) -> None:
+        if not entry.active:
+            self._live_programs += 1
+        entry.active.add(task_id)
+
+    def _deactivate(self, entry: Program, task_id: str) -> None:
+        if task_id in entry.active:
+            entry.active.discard(task_id)
+            if not entry.active:
+                self._live_programs -= 1
+
+    def _forget_idle(self) -> None:
+        """Forget the least recently active idle programs beyond ``idle_programs``, once idle
+        entries outnumber live ones plus ``idle_programs`` (amortised O(1) per goal)."""
+        idle_count = len(self.table) - self._live_programs
+        if idle_count <= self._live_programs + self.idle_programs:
+            return
+        idle = [(_last_activity(entry), pid) for pid, entry in self.table.items()
+                if not entry.active]
+        idle.sort()
+        for _, pid in idle[:len(idle) - self.idle_programs]:
+            del self.table[pid]
 
     def update_service(self, service: float, call: Call) -> float:
         """PLAS, eq. 1: the program's service is the sum of its completed calls' model time."""
@@ -260,6 +308,8 @@ class AutellixPolicy(PlannedBatchPolicy):
                         self.starvation_ratio:
                     self.promotions.append(Promotion(task_id, now, call.queue, wait, service,
                                                      call.wait))
+                    if len(self.promotions) > 2 * PROMOTION_LOG:
+                        del self.promotions[:-PROMOTION_LOG]
                     self._enqueue(call, 0, self.quantum(0))
                     call.wait = 0.0
                     call.run = 0.0
@@ -334,9 +384,10 @@ class AutellixPolicy(PlannedBatchPolicy):
         self._untrack(generation)
         entry = self.table.get(pid)
         if entry is not None:
-            entry.active.discard(task_id)
+            self._deactivate(entry, task_id)
             if self.program == 'task' and not entry.active:
                 del self.table[pid]                          # end_session
+        self._forget_idle()
 
     def on_step(self, result: StepResult, stepped: Sequence[Generation],
                 ctx: AdmissionContext) -> None:

@@ -27,7 +27,10 @@ rivals-digest.md`` §1, mapped onto this package's scheduler loop:
   Entries are invalidated lazily: a popped entry whose key changed (the engine swapped or
   dropped its KV, which adds reload time) is re-pushed with its new key. ``G`` is the
   eviction min-heap keyed ``(−f_e, −f_t)`` over generations admitted to the GPU, validated
-  the same way (a popped entry whose KV is no longer resident is discarded).
+  the same way (a popped entry whose KV is no longer resident is discarded). Both heaps are
+  compacted once their entries exceed twice the live generations (plus a constant): stale
+  and duplicate entries and those of ended generations go, so the policy's state stays
+  O(live) over any number of goals (:func:`stale_limit`).
 * **Alg. 2, stage-aware batch formation** (every tick, in :meth:`preempt`): ``C`` = top-b of
   H; ``p*`` = the best of ``C ∪ O`` (O = running). A queued generation is in the *prefill*
   stage when joining costs an extra iteration (``engine.run_cost_s > 0``: a fresh prompt,
@@ -100,6 +103,13 @@ from timelyllm_ros.request import Generation, TaskStatus
 Key = tuple[int, float, int]            # (f_e, f_t s, seq): smaller runs sooner
 QUEUED = (TaskStatus.WAITING, TaskStatus.SUSPENDED)
 URGENCY_SCALE = 1e6                     # f_e weight when (f_e, f_t) is flattened to one number
+STALE_SLACK = 64                        # heap entries tolerated beyond 2 per live generation
+
+
+def stale_limit(live: int) -> int:
+    """Size above which a lazily invalidated heap is compacted: ``2·live + STALE_SLACK``, so
+    the heaps stay O(live) however many generations have come and gone."""
+    return 2 * live + STALE_SLACK
 
 
 # -- the keep-or-recompute rule ---------------------------------------------------------------
@@ -361,6 +371,8 @@ class SemanticPolicy(PlannedBatchPolicy):
         self._fe.pop(task_id, None)
         self._length.pop(task_id, None)
         self._key.pop(task_id, None)
+        self._compact_heap()
+        self._compact_evict_heap()
 
     # -- the heaps ----------------------------------------------------------------------------
     def _push(self, generation: Generation, engine: Engine) -> None:
@@ -374,9 +386,16 @@ class SemanticPolicy(PlannedBatchPolicy):
             generation = self._gens.get(task_id)
             if generation is not None and generation.status in QUEUED:
                 self._push(generation, engine)
-        if len(self._heap) > 4 * len(self._gens) + 64:      # drop stale entries
-            self._heap = [e for e in self._heap if self._key.get(e[3]) == e[:3]]
-            heapq.heapify(self._heap)
+        self._compact_heap()
+
+    def _compact_heap(self) -> None:
+        """Drop H's stale entries once they outnumber the live generations: those whose key
+        is no longer the generation's last (or whose generation ended), and duplicates."""
+        if len(self._heap) <= stale_limit(len(self._gens)):
+            return
+        current = {e[3]: e for e in self._heap if self._key.get(e[3]) == e[:3]}
+        self._heap = list(current.values())                    # one per live generation
+        heapq.heapify(self._heap)
 
     def _top(self, b: int, engine: Engine) -> list[tuple[Key, Generation]]:
         """Pop the b best queued generations off H (lazily re-keying stale entries), then put
@@ -405,6 +424,21 @@ class SemanticPolicy(PlannedBatchPolicy):
         """Alg. 3: a generation placed on the GPU joins the eviction heap G."""
         key = self.key(generation, engine)
         heapq.heappush(self._evict_heap, (-key[0], -key[1], -key[2], generation.task_id))
+        self._compact_evict_heap()
+
+    def _compact_evict_heap(self) -> None:
+        """Drop G's stale entries once they outnumber the live generations: entries of ended
+        generations, and all but the first (smallest) entry of each live one, the one
+        :meth:`_pop_victim` meets first and re-keys if its KV moved. Keeps G O(live)."""
+        if len(self._evict_heap) <= stale_limit(len(self._gens)):
+            return
+        first: dict[str, tuple[int, float, int, str]] = {}
+        for entry in self._evict_heap:
+            task_id = entry[3]
+            if task_id in self._gens and (task_id not in first or entry < first[task_id]):
+                first[task_id] = entry
+        self._evict_heap = list(first.values())
+        heapq.heapify(self._evict_heap)
 
     def _pop_victim(self, engine: Engine, budget: KvBudget, exclude: set[str]
                     ) -> tuple[Key, Generation] | None:
@@ -429,10 +463,7 @@ class SemanticPolicy(PlannedBatchPolicy):
             break
         for entry in aside:
             heapq.heappush(self._evict_heap, entry)
-        if len(self._evict_heap) > 4 * len(self._gens) + 64:
-            live = {g for g in self._gens}
-            self._evict_heap = [e for e in self._evict_heap if e[3] in live]
-            heapq.heapify(self._evict_heap)
+        self._compact_evict_heap()
         return found
 
     # -- Alg. 2 + Alg. 4 ----------------------------------------------------------------------

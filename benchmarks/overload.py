@@ -1,0 +1,200 @@
+"""Throughput under overload: a fleet whose goals all arrive in one burst (issue 13, item 7).
+
+    python3 benchmarks/overload.py [--robots 1000] [--seed 0] [--burst-s 2] [--tasks-per-robot 1]
+                                   [--policies vllm,timelyllm] [--json]
+
+Every robot of the fleet (a Tello drone running one of the drone traces T1–T8: T1–T5 normal,
+T6–T8 urgent) sends its goals within ``burst_s`` simulated seconds, far more than the engine
+(the calibrated simulator, prefix caching on) can generate in time, so nearly every goal is past
+its zero-utility time before its generation can start. The fleet runs on the project's own
+discrete-event simulation (:func:`timelyllm_ros.simulation.simulate`), one run per policy over
+the same goals, all on the simulated clock.
+
+Per policy it reports ``goals_per_s`` (completed goals per simulated second, from the first
+arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
+batch size, the mean utility of urgent goals and of all goals, and how many urgent goals earned
+any utility. :func:`run_overload` returns the same as a dict (the fault campaign calls it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from lrtrace.traces import approx_tokenize, load_trace_set
+from lrtrace.workloads import CLASS_TUF
+from timelyllm_ros.engines import create_engine
+from timelyllm_ros.metrics import TaskMetrics, task_metrics
+from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.simulation import SimulationResult, simulate
+from timelyllm_ros.tuf import tuf_for_class
+
+DRONE_TRACES = tuple(range(1, 9))          # T1–T5 normal, T6–T8 urgent (Tello)
+DEFAULT_POLICIES = ('vllm', 'timelyllm')
+DEFAULT_BURST_S = 5.0
+
+
+def overload_tasks(robots: int, seed: int, burst_s: float = DEFAULT_BURST_S,
+                   tasks_per_robot: int = 1,
+                   trace_ids: Sequence[int] = DRONE_TRACES) -> list[TaskSpec]:
+    """Goals of ``robots`` robots, each sending ``tasks_per_robot`` goals within the burst.
+
+    Args:
+        robots: fleet size (robot ids ``tello-0000`` …).
+        seed: seeds the traces drawn and the arrival times.
+        burst_s: every goal arrives uniformly at random in ``[0, burst_s)`` simulated seconds.
+        tasks_per_robot: goals per robot (all within the burst).
+        trace_ids: drone traces to draw from.
+
+    Returns:
+        The goals in arrival order.
+    """
+    if robots < 1 or tasks_per_robot < 1:
+        raise ValueError('need at least one robot and one task per robot')
+    if not burst_s >= 0:
+        raise ValueError(f'burst_s must be >= 0, got {burst_s}')
+    traces = load_trace_set()
+    rng = np.random.default_rng(seed)
+    count = robots * tasks_per_robot
+    arrivals = np.sort(rng.uniform(0.0, burst_s, size=count)) if burst_s else np.zeros(count)
+    chosen = rng.choice(list(trace_ids), size=count)
+    robot_of = rng.permutation(np.repeat(np.arange(robots), tasks_per_robot))
+    tasks: list[TaskSpec] = []
+    for index in range(count):
+        trace = traces.get(int(chosen[index]))
+        task_tokens = min(len(approx_tokenize(trace.task)) + 4, trace.prompt_tokens)
+        tasks.append(TaskSpec(
+            task_id=f'goal-{index:05d}', robot_id=f'{trace.robot}-{int(robot_of[index]):04d}',
+            profile=trace.robot, task_class=trace.task_class, task_type=trace.task_type,
+            tuf=tuf_for_class(CLASS_TUF.get(trace.task_class, trace.task_class)),
+            arrival_time=float(arrivals[index]), task=trace.task,
+            prompt_tokens=trace.prompt_tokens, task_tokens=task_tokens, script=trace.pieces))
+    return tasks
+
+
+def generation_end_s(generation: Generation) -> float:
+    """When the goal's plan was fully generated (its last segment cut), NaN if it never was."""
+    if generation.status not in (TaskStatus.GENERATED, TaskStatus.FINISHED):
+        return math.nan
+    return generation.segments[-1].cut_time if generation.segments else math.nan
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def policy_figures(result: SimulationResult) -> dict[str, Any]:
+    """The overload figures of one simulated run (times in simulated seconds)."""
+    generations = result.generations
+    rows: list[TaskMetrics] = [task_metrics(g) for g in generations]
+    ends = [e for e in (generation_end_s(g) for g in generations) if not math.isnan(e)]
+    first_arrival = min((g.spec.arrival_time for g in generations), default=0.0)
+    span = max(ends) - first_arrival if ends else 0.0
+    done = [r for r in rows if r.completed]
+    finished = [g.done_time for g in generations if g.status == TaskStatus.FINISHED]
+    makespan = max(finished) - first_arrival if finished else 0.0
+    responses = [r.response_time_s for r in done]
+    urgent = [r for r in rows if r.task_class == 'urgent']
+    batches = result.batch_sizes
+    return {
+        'tasks': len(rows),
+        'completed': len(done),
+        'generated': len(ends),
+        'generation_span_s': span,
+        'goals_per_s': len(ends) / span if span > 0 else 0.0,
+        'makespan_s': makespan,
+        'finished_per_s': len(finished) / makespan if makespan > 0 else 0.0,
+        'late_share': (sum(not r.completed or r.utility <= 0 for r in rows) / len(rows)
+                       if rows else 0.0),
+        'response_p50_s': _percentile(responses, 50),
+        'response_p99_s': _percentile(responses, 99),
+        'response_max_s': max(responses) if responses else None,
+        'mean_batch_size': sum(batches) / len(batches) if batches else 0.0,
+        'max_batch_size': max(batches) if batches else 0,
+        'urgent_tasks': len(urgent),
+        'urgent_utility': _mean([r.utility for r in urgent]),
+        'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
+        'utility_mean': _mean([r.utility for r in rows]),
+        'engine_iterations': result.ticks,
+        'sim_time_s': result.sim_time_s,
+        'wall_time_s': result.wall_time_s,
+    }
+
+
+def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_POLICIES,
+                 burst_s: float = DEFAULT_BURST_S, tasks_per_robot: int = 1,
+                 prefix_caching: bool = True) -> dict[str, Any]:
+    """Run every policy on the same overload burst; the figures of each, side by side.
+
+    Args:
+        robots: fleet size (1,000 in issue 13).
+        seed: seeds the goals and the simulated robots.
+        policies: policy names; ``vllm`` and ``timelyllm`` give ``throughput_ratio``.
+        burst_s: simulated seconds over which the goals arrive.
+        tasks_per_robot: goals each robot sends within the burst.
+        prefix_caching: whether the simulated engine shares the robot prompt's KV.
+
+    Returns:
+        ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'policies':
+        {name: figures of :func:`policy_figures`}, 'throughput_ratio'}`` where
+        ``throughput_ratio`` is timelyllm's goals/s over vllm's (None unless both ran).
+    """
+    tasks = overload_tasks(robots, seed, burst_s=burst_s, tasks_per_robot=tasks_per_robot)
+    figures = {policy: policy_figures(simulate(
+        tasks, policy, seed=seed, engine=create_engine('sim', prefix_caching=prefix_caching)))
+        for policy in policies}
+    ratio = None
+    if 'vllm' in figures and 'timelyllm' in figures and figures['vllm']['goals_per_s'] > 0:
+        ratio = figures['timelyllm']['goals_per_s'] / figures['vllm']['goals_per_s']
+    return {'robots': robots, 'seed': seed, 'tasks': len(tasks), 'burst_s': burst_s,
+            'tasks_per_robot': tasks_per_robot, 'prefix_caching': prefix_caching,
+            'policies': figures,
+            'throughput_ratio': ratio}
+
+
+def _table(report: dict[str, Any]) -> str:
+    columns = ('goals_per_s', 'response_p50_s', 'response_p99_s', 'mean_batch_size',
+               'urgent_utility', 'utility_mean', 'wall_time_s')
+    lines = [f"{report['tasks']} goals from {report['robots']} robots within "
+             f"{report['burst_s']} s, seed {report['seed']}",
+             f"{'policy':>16} " + ' '.join(f'{c:>15}' for c in columns)]
+    for policy, figures in report['policies'].items():
+        cells = ' '.join(f'{figures[c]:15.3f}' if figures[c] is not None else f"{'-':>15}"
+                         for c in columns)
+        lines.append(f'{policy:>16} {cells}')
+    if report['throughput_ratio'] is not None:
+        lines.append(f"timelyllm / vllm goals/s: {report['throughput_ratio']:.3f}")
+    return '\n'.join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--robots', type=int, default=1000)
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--burst-s', type=float, default=DEFAULT_BURST_S)
+    parser.add_argument('--tasks-per-robot', type=int, default=1)
+    parser.add_argument('--policies', default=','.join(DEFAULT_POLICIES))
+    parser.add_argument('--no-prefix-cache', action='store_true',
+                        help='engine without prefix caching (every prompt fully prefilled)')
+    parser.add_argument('--json', action='store_true', help='print the figures as JSON')
+    args = parser.parse_args(argv)
+    report = run_overload(args.robots, args.seed,
+                          policies=[p for p in args.policies.split(',') if p],
+                          burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
+                          prefix_caching=not args.no_prefix_cache)
+    print(json.dumps(report, indent=2) if args.json else _table(report))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
