@@ -17,7 +17,9 @@ Counted (every one must be 0):
   to the same calls, or carry a non-finite or out-of-limit argument;
 - ``invariant_violations``: ticks after which the scheduler's queue/batch bookkeeping
   disagreed with the goals' status;
-- ``bag_crashes`` and ``bag_silent_corruptions``: from ``bag_faults.run_bag_campaign``.
+- ``bag_crashes`` and ``bag_silent_corruptions``: from ``bag_faults.run_bag_campaign``;
+- ``overload_below_target``: TimelyLLM's throughput with 1,000 robots in overload below 0.8×
+  the ``vllm`` policy's (``overload.run_overload``).
 """
 
 from __future__ import annotations
@@ -498,10 +500,17 @@ def service_section(tally: Tally, seed: int, n: int) -> dict[str, object]:
     return {'goals': n, 'ended': len(goal_ids) - len(never), 'status': service.state().status}
 
 
-def overload_section(seed: int, robots: int) -> dict[str, object]:
+OVERLOAD_TARGET = 0.8      # timelyllm's throughput under overload, relative to vllm's
+
+
+def overload_section(tally: Tally, seed: int, robots: int) -> dict[str, object]:
     from overload import run_overload  # type: ignore[import-not-found]  # benchmarks/ sibling
 
-    return run_overload(robots=robots, seed=seed)
+    result = run_overload(robots=robots, seed=seed)
+    ratio = result.get('throughput_ratio')
+    if not isinstance(ratio, float) or ratio < OVERLOAD_TARGET:
+        tally.bad('overload_below_target', f'{robots} robots: throughput ratio {ratio}')
+    return result
 
 
 def bags_section(tally: Tally, seed: int, cases: int) -> dict[str, object]:
@@ -518,7 +527,7 @@ def bags_section(tally: Tally, seed: int, cases: int) -> dict[str, object]:
 REQUIRED_ZERO = ('unexpected_exceptions', 'loop_crashes', 'goals_never_ended',
                  'goals_ended_twice', 'plans_altered', 'malformed_dispatched',
                  'invariant_violations', 'bag_crashes', 'bag_silent_corruptions',
-                 'cut_text_not_a_prefix', 'reasons_quoting_input')
+                 'cut_text_not_a_prefix', 'reasons_quoting_input', 'overload_below_target')
 
 
 def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = (),
@@ -542,7 +551,7 @@ def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = 
             'can_run': 0.02, 'evict': 0.2}) for p in ('timelyllm', 'vllm-stream', 'semantic')}),
         ('service', lambda: service_section(tally, seed, size(150))),
         ('bags', lambda: bags_section(tally, seed, size(300))),
-        ('overload', lambda: overload_section(seed, 1000 if scale >= 1 else size(1000))),
+        ('overload', lambda: overload_section(tally, seed, 1000 if scale >= 1 else size(1000))),
     ])
     for name, section in plan:
         if name not in wanted:
