@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from timelyllm_ros.clock import SimClock
+from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError, GoalError
@@ -334,11 +335,12 @@ def fleet_section(tally: Tally, seed: int, n: int, policy: str,
 
 
 def drive_fleet(tally: Tally, fleet: list[FleetGoal], policy: str, rates: dict[str, float],
-                seed: int = 0) -> dict[str, object]:
-    """Run a fleet on a virtual clock over a (possibly failing) engine until it goes quiet.
-    Every goal must end, and every dispatched plan must be its own generation's."""
+                seed: int = 0, inner: Engine | None = None) -> dict[str, object]:
+    """Run a fleet on a virtual clock over a (possibly failing) engine until it goes quiet:
+    the simulator, or ``inner`` (a real engine, whose measured iteration times advance the
+    clock). Every goal must end, and every dispatched plan must be its own generation's."""
     clock = SimClock()
-    engine = FaultInjectingEngine(SimulatedEngine(), rates, seed=seed)
+    engine = FaultInjectingEngine(inner or SimulatedEngine(), rates, seed=seed, record=True)
     config = SchedulerConfig(report_timeout_factor=1.5, report_timeout_margin_s=2.0)
     scheduler = Scheduler(create_policy(policy), engine, clock, config)
     profiles = {name: load_profile(name) for name in PROFILES}
@@ -402,7 +404,8 @@ def drive_fleet(tally: Tally, fleet: list[FleetGoal], policy: str, rates: dict[s
             tally.bad('goals_never_ended', f'{task_id} {generation.status.name}')
             continue
         ended += 1
-        check_own_plan(tally, profiles[generation.spec.profile], generation)
+        produced = (engine.transcript or {}).get(task_id, [])
+        check_own_plan(tally, profiles[generation.spec.profile], generation, produced)
     statuses = Counter(g.status.name for g in submitted.values())
     return {'goals': len(fleet), 'submitted': len(submitted), 'ended': ended, **statuses,
             **{f'injected_{k}': v for k, v in engine.injected.items() if v}}
@@ -428,18 +431,18 @@ def deliver(scheduler: Scheduler, submitted: dict[str, Generation], kind: str,
                                      float(end), bool(success), str(error))  # type: ignore[arg-type]
 
 
-def check_own_plan(tally: Tally, profile: RobotProfile, generation: Generation) -> None:
-    """Dispatched statements = a prefix of the offline segmentation of its own output."""
+def check_own_plan(tally: Tally, profile: RobotProfile, generation: Generation,
+                   produced: list[str]) -> None:
+    """Dispatched statements = a prefix of the offline segmentation of the pieces its own
+    generation produced (as the engine emitted them)."""
     dispatched = [s for segment in generation.segments for s in segment.statements]
     for statement in dispatched:
         problem = statement_problem(profile, statement)
         if problem:
             tally.bad('malformed_dispatched', f'{generation.task_id}: {statement.text!r}: '
                                               f'{problem}')
-    pieces = generation.spec.script or ()
     reason = 'length' if generation.finish_reason == 'length' else 'eos'
-    produced = pieces[:generation.tokens] if generation.tokens < len(pieces) else pieces
-    own = [s for _, cut in segment_pieces(profile, list(produced) or [''], reason)
+    own = [s for _, cut in segment_pieces(profile, produced or [''], reason)
            for s in cut.statements]
     texts, own_texts = [s.text for s in dispatched], [s.text for s in own]
     complete = generation.status in (TaskStatus.FINISHED,) or (
@@ -447,6 +450,19 @@ def check_own_plan(tally: Tally, profile: RobotProfile, generation: Generation) 
     if texts != own_texts[:len(texts)] or (complete and generation.finish_reason
                                              and texts != own_texts):
         tally.bad('plans_altered', f'{generation.task_id}: {texts} vs {own_texts}')
+
+
+def real_engine_section(tally: Tally, seed: int, n: int, engine: str) -> dict[str, object]:
+    """Chaos fleets on a real engine (output forced to the fleet's plans, garbage included;
+    measured iteration times), without and with injected engine faults."""
+    fleet = random_fleet(np.random.default_rng(seed + 5), n)
+    runs: dict[str, object] = {}
+    for policy in ('timelyllm', 'vllm-stream'):
+        for label, rates in (('clean', {}), ('faults', {'step': 0.01, 'run': 0.05,
+                                                       'pause': 0.05, 'release': 0.05})):
+            inner = create_engine(engine, force_script=True)
+            runs[f'{policy}/{label}'] = drive_fleet(tally, fleet, policy, rates, seed, inner)
+    return {'engine': engine, **runs}
 
 
 def service_section(tally: Tally, seed: int, n: int) -> dict[str, object]:
@@ -531,12 +547,14 @@ REQUIRED_ZERO = ('unexpected_exceptions', 'loop_crashes', 'goals_never_ended',
 
 
 def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = (),
-                 progress: Callable[[str], None] | None = None) -> dict[str, object]:
-    """Run the campaign; returns ``{"cases": …, "counts": …, "ok": bool, …}``."""
+                 progress: Callable[[str], None] | None = None,
+                 engine: str | None = None) -> dict[str, object]:
+    """Run the campaign; returns ``{"cases": …, "counts": …, "ok": bool, …}``. With
+    ``engine`` (e.g. ``cpu``) a section of chaos fleets on that real engine is added."""
     tally = Tally()
     cases: dict[str, object] = {}
     wanted = sections or ('goals', 'outputs', 'fleet', 'engine', 'service', 'bags',
-                          'overload')
+                          'overload', *(('real',) if engine else ()))
 
     def size(n: int) -> int:
         return max(1, int(n * scale))
@@ -552,6 +570,7 @@ def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = 
         ('service', lambda: service_section(tally, seed, size(150))),
         ('bags', lambda: bags_section(tally, seed, size(300))),
         ('overload', lambda: overload_section(tally, seed, 1000 if scale >= 1 else size(1000))),
+        ('real', lambda: real_engine_section(tally, seed, size(40), engine or 'cpu')),
     ])
     for name, section in plan:
         if name not in wanted:
@@ -574,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--scale', type=float, default=1.0, help='fraction of the case counts')
     parser.add_argument('--sections', default='', help='comma-separated subset to run')
     parser.add_argument('--json', action='store_true', help='print JSON only')
+    parser.add_argument('--engine', default=None,
+                        help='also run chaos fleets on this real engine (cpu: llama.cpp)')
     args = parser.parse_args(argv)
     sections = tuple(s for s in args.sections.split(',') if s)
 
@@ -582,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f'… {name}', file=sys.stderr, flush=True)
 
     started = time.perf_counter()
-    result = run_campaign(args.seed, args.scale, sections, progress)
+    result = run_campaign(args.seed, args.scale, sections, progress, args.engine)
     result['wall_s'] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=None if args.json else 2, default=str))
     return 0 if result['ok'] else 1

