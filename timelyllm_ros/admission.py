@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.request import Generation
 
+LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionContext:
@@ -144,7 +146,7 @@ def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
-                   lost_slopes: tuple[float, int] | None = None) -> bool:
+                   lost_slopes: LostSlopes | Callable[[], LostSlopes] | None = None) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -162,7 +164,8 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     Args:
         candidate: the best queued generation.
         ctx: the admission context.
-        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known.
+        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known, or
+            a function that computes it (called only once a deadline is missed).
     """
     if not ctx.running:
         return True
@@ -177,7 +180,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     if budget > 0:
         return wcet_s(most_urgent, extra, size + 1, ctx) <= budget
     wait = wcet_s(most_urgent, 0.0, size, ctx)
-    gain = wait * queue_loss_rate(ctx, lost_slopes)
+    gain = wait * queue_loss_rate(ctx, lost_slopes() if callable(lost_slopes) else lost_slopes)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
     return delay_cost(extra, ctx) <= gain
