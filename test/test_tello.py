@@ -394,3 +394,37 @@ def test_emulator_cli_rejects_a_busy_port(host, capsys):
     with TelloEmulator(host, 0, free_udp_port()) as emu:
         assert main(['--host', host, '--port', str(emu.port)]) == 1
     assert 'cannot listen' in capsys.readouterr().err
+
+
+_OPEN_AND_HOLD = """
+import sys
+from timelyllm_ros.clock import WallClock
+from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.robots.factory import open_backend
+backend, close = open_backend(load_profile('tello'), 'emulator', None, WallClock())
+print('ok', flush=True)
+sys.stdin.read()
+close()
+"""
+
+
+def test_two_controller_processes_each_open_an_emulated_drone():
+    # Each controller node is its own process with its own djitellopy state receiver: the
+    # second one must not need the state port the first one holds (it used to: 8890).
+    import subprocess
+    import sys
+
+    pytest.importorskip('djitellopy')
+    procs = []
+    try:
+        for _ in range(2):
+            proc = subprocess.Popen([sys.executable, '-c', _OPEN_AND_HOLD],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            procs.append(proc)
+            line = proc.stdout.readline().strip()                 # type: ignore[union-attr]
+            assert line == 'ok', proc.stderr.read()               # type: ignore[union-attr]
+    finally:
+        for proc in procs:
+            proc.communicate('', timeout=30)
+    assert [p.returncode for p in procs] == [0, 0]

@@ -102,6 +102,9 @@ class PlannerNode(Node):
                 goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
                 continue
             result = PlanTask.Result(**_convert.result_fields(generation))
+            if not result.success:
+                self.get_logger().warning(
+                    f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
             if goal_handle.is_cancel_requested:
                 goal_handle.canceled()
             elif result.success:

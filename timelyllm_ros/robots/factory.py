@@ -12,6 +12,7 @@ from the name (there is no camera); on a real arm pass ``poses`` measured on the
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from timelyllm_ros.clock import Clock
@@ -56,7 +57,9 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
         return drone, drone.close
     from timelyllm_ros.robots.emulators.tello import TelloEmulator
 
-    state_port = client_state_port() or 8890
+    # djitellopy listens for state on one port per process; the first emulated drone of a
+    # process picks a free one, so several controller processes can share a host.
+    state_port = client_state_port() or _free_udp_port()
     emulator = TelloEmulator(host=address or '127.0.0.1', profile=profile,
                              state_port=state_port).start()
     drone = TelloBackend(profile, host=emulator.address[0], control_port=emulator.port,
@@ -72,6 +75,12 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
         emulator.stop()
 
     return drone, close
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(('', 0))
+        return int(probe.getsockname()[1])
 
 
 def _open_indy7(profile: RobotProfile, backend: str, address: str | None,
