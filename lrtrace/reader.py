@@ -1,10 +1,13 @@
 """Read LRTrace bags: complete rosbag2 directories, bare ``.mcap`` files and cut-short recordings.
 
 :func:`read_bag` accepts a bag directory or its ``.mcap`` file. The ``.mcap`` file is the source
-of truth (``metadata.yaml`` is not needed, nor trusted): :func:`scan_mcap` parses it record by
-record with a strict reader of its own that never allocates on a declared length before checking
-it against the bytes there are, and that checks the CRCs the recorder writes (every chunk, the
-data section and the summary; a CRC of 0 means "not computed", as in bags of older recorders).
+of truth (``metadata.yaml`` is not needed, nor trusted): :func:`scan_mcap` walks it record by
+record. The ``mcap`` package parses each record it needs (its
+:class:`~mcap.stream_reader.StreamReader`) and decompresses and CRC-checks each chunk; this module
+checks each record's place and length against the file before it is parsed, that it holds
+exactly its fields, that records come in the order the MCAP specification gives them and that
+messages are on declared channels, and it checks the data-section and summary CRCs (the package
+cannot here: see :func:`_parse`). A CRC of 0 means "not computed", as in bags of older recorders.
 
 * A file that ends with its footer and the closing magic is *complete* and must be intact.
 * A file without them was *cut short* (a killed recorder, a copy that stopped, a full disk): its
@@ -21,6 +24,7 @@ the byte offset and the record or chunk. No other exception escapes for bad data
 
 from __future__ import annotations
 
+import io
 import logging
 import struct
 import zlib
@@ -28,6 +32,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mcap.data_stream import RecordBuilder
+from mcap.exceptions import UnsupportedCompressionError
+from mcap.opcode import Opcode
+from mcap.records import Channel, Chunk, DataEnd, Footer, McapRecord, Message, Schema, Statistics
+from mcap.stream_reader import CRCValidationError, StreamReader, get_chunk_data_stream
 
 from lrtrace import format as fmt
 from timelyllm_ros.errors import TraceFormatError
@@ -50,26 +60,18 @@ HOLE_MIN_BYTES = 512
 MAX_CHUNK_BYTES = 1 << 30
 """Largest decompressed chunk accepted (a larger declared size is taken for corruption)."""
 
-_U16 = struct.Struct('<H')
-_U32 = struct.Struct('<I')
-_U64 = struct.Struct('<Q')
+_RECORD_HEADER = struct.Struct('<BQ')
+"""What every MCAP record starts with: its opcode and the length of its fields."""
 
-# MCAP record opcodes (https://mcap.dev/spec).
-_HEADER, _FOOTER, _SCHEMA, _CHANNEL, _MESSAGE, _CHUNK = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06
-_MESSAGE_INDEX, _CHUNK_INDEX, _ATTACHMENT, _ATTACHMENT_INDEX = 0x07, 0x08, 0x09, 0x0A
-_STATISTICS, _METADATA, _METADATA_INDEX, _SUMMARY_OFFSET, _DATA_END = 0x0B, 0x0C, 0x0D, 0x0E, 0x0F
-
-_NAMES = {
-    _HEADER: 'Header', _FOOTER: 'Footer', _SCHEMA: 'Schema', _CHANNEL: 'Channel',
-    _MESSAGE: 'Message', _CHUNK: 'Chunk', _MESSAGE_INDEX: 'MessageIndex',
-    _CHUNK_INDEX: 'ChunkIndex', _ATTACHMENT: 'Attachment', _ATTACHMENT_INDEX: 'AttachmentIndex',
-    _STATISTICS: 'Statistics', _METADATA: 'Metadata', _METADATA_INDEX: 'MetadataIndex',
-    _SUMMARY_OFFSET: 'SummaryOffset', _DATA_END: 'DataEnd',
-}
-_DATA_ONLY = frozenset({_MESSAGE, _CHUNK, _MESSAGE_INDEX, _ATTACHMENT, _METADATA})
-_SUMMARY_ONLY = frozenset({_CHUNK_INDEX, _ATTACHMENT_INDEX, _METADATA_INDEX, _STATISTICS,
-                           _SUMMARY_OFFSET})
-_IN_CHUNK = frozenset({_SCHEMA, _CHANNEL, _MESSAGE})
+_COMPRESSIONS = ('', 'zstd', 'lz4')
+_DATA_ONLY = frozenset({Opcode.MESSAGE, Opcode.CHUNK, Opcode.MESSAGE_INDEX, Opcode.ATTACHMENT,
+                        Opcode.METADATA})
+_SUMMARY_ONLY = frozenset({Opcode.CHUNK_INDEX, Opcode.ATTACHMENT_INDEX, Opcode.METADATA_INDEX,
+                           Opcode.STATISTICS, Opcode.SUMMARY_OFFSET})
+# the records parsed; the others (indexes, attachments, metadata) are skipped over, unread
+_NEEDED = frozenset({Opcode.HEADER, Opcode.SCHEMA, Opcode.CHANNEL, Opcode.MESSAGE, Opcode.CHUNK,
+                     Opcode.DATA_END, Opcode.STATISTICS})
+_IN_CHUNK = frozenset({Opcode.SCHEMA, Opcode.CHANNEL, Opcode.MESSAGE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,70 +130,59 @@ class _Corrupt(Exception):
         self.text = text
 
 
-class _Fields:
-    """Bounded reads of one record's fields: nothing is read beyond the record's end."""
-
-    __slots__ = ('buf', 'end', 'pos', 'record')
-
-    def __init__(self, buf: bytes, start: int, end: int, record: str) -> None:
-        self.buf = buf
-        self.pos = start
-        self.end = end
-        self.record = record
-
-    def _take(self, size: int, name: str) -> int:
-        if size > self.end - self.pos:
-            raise _Corrupt(self.pos, f'{self.record} record: {name} ({size} bytes) runs past '
-                                     f'the end of the record (byte {self.end})')
-        start = self.pos
-        self.pos += size
-        return start
-
-    def u16(self, name: str) -> int:
-        return int(_U16.unpack_from(self.buf, self._take(2, name))[0])
-
-    def u32(self, name: str) -> int:
-        return int(_U32.unpack_from(self.buf, self._take(4, name))[0])
-
-    def u64(self, name: str) -> int:
-        return int(_U64.unpack_from(self.buf, self._take(8, name))[0])
-
-    def span(self, prefix: int, name: str) -> tuple[int, int]:
-        """Start and end of a field prefixed by its uint32 (``prefix=4``) or uint64 length."""
-        size = self.u32(name) if prefix == 4 else self.u64(name)
-        start = self._take(size, name)
-        return start, start + size
-
-    def blob(self, name: str) -> bytes:
-        start, end = self.span(4, name)
-        return bytes(self.buf[start:end])
-
-    def text(self, name: str) -> str:
-        start, end = self.span(4, name)
-        try:
-            return bytes(self.buf[start:end]).decode('utf-8')
-        except UnicodeDecodeError:
-            raise _Corrupt(start, f'{self.record} record: {name} is not UTF-8') from None
-
-    def rest(self) -> bytes:
-        start, self.pos = self.pos, self.end
-        return bytes(self.buf[start:self.end])
-
-    def done(self) -> None:
-        if self.pos != self.end:
-            raise _Corrupt(self.pos, f'{self.record} record: {self.end - self.pos} unexpected '
-                                     'bytes after its last field')
+def _record_header(buf: bytes, start: int, limit: int) -> tuple[int, int] | None:
+    """The opcode and length of the record at ``start`` (``None``: they run past ``limit``)."""
+    if limit - start < _RECORD_HEADER.size:
+        return None
+    opcode, length = _RECORD_HEADER.unpack_from(buf, start)
+    return int(opcode), int(length)
 
 
-def _decompress(compression: str, data: bytes, size: int) -> bytes:
-    """Decompress one chunk's records (output bounded by the declared size where possible)."""
-    if compression == 'zstd':
-        import zstandard
+_NAMES = {int(opcode): opcode.name.title().replace('_', '') for opcode in Opcode}
+"""Record names by opcode (``ChunkIndex``), as the ``mcap`` package's record classes have them."""
 
-        return bytes(zstandard.ZstdDecompressor().decompress(data, max_output_size=size))
-    import lz4.frame
 
-    return bytes(lz4.frame.decompress(data))
+def _name(opcode: int) -> str | None:
+    """The record name of an opcode, ``None`` for an unknown one."""
+    return _NAMES.get(opcode)
+
+
+def _parse(buf: bytes, start: int, end: int) -> McapRecord:
+    """The record at ``buf[start:end]``, parsed by the ``mcap`` package's stream reader.
+
+    A fresh reader reads just this record, from a :class:`io.BytesIO` set at ``start``: one
+    reader over the whole file stops for good at the first record it cannot parse, and it
+    parses every kind of record, while this module reads past the ones it does not need (so
+    that the data-section and summary CRCs, checked after them, name what was altered). A
+    field longer than its record reads on into the bytes after it (short at the end of
+    ``buf``: nothing is allocated beyond it); the record, written back by the package, must
+    then give back its bytes exactly.
+
+    Raises:
+        _Corrupt: the fields do not parse, or do not hold exactly the record's bytes.
+    """
+    stream = io.BytesIO(buf)
+    stream.seek(start)
+    records = StreamReader(stream, skip_magic=True, emit_chunks=True,
+                           record_size_limit=len(buf)).records
+    name = _name(buf[start])
+    try:
+        record = next(records)
+    except Exception as err:  # noqa: BLE001 - struct.error, EndOfFile, UnicodeDecodeError, ...
+        text = f': {err}' if str(err) else ''
+        raise _Corrupt(start, f'{name} record does not parse ({type(err).__name__}{text})'
+                       ) from None
+    # Written back by the package, the record must give its bytes again: the reader skips what
+    # follows the last field, and reads a map on to the end of the entry its length ends in.
+    builder = RecordBuilder()
+    record.write(builder)
+    written = builder.end()
+    if memoryview(buf)[start:end] != written:
+        size = len(written) - _RECORD_HEADER.size
+        how = (f'its fields read as {size} bytes' if size != end - start - 9 else
+               'a length inside it does not match what it holds')
+        raise _Corrupt(start, f'{name} record of {end - start - 9} bytes: {how}')
+    return record
 
 
 class _Scanner:
@@ -199,261 +190,282 @@ class _Scanner:
 
     def __init__(self, buf: bytes) -> None:
         self.buf = buf
-        self.schemas: dict[int, tuple[str, str, bytes]] = {}            # name, encoding, data
-        self.channels: dict[int, tuple[int, str, str, bytes]] = {}      # schema, topic, ...
+        self.size = len(buf)
+        self.complete = self.size >= 2 * len(MAGIC) + FOOTER_SIZE and buf[-8:] == MAGIC
+        self.limit = self.size - len(MAGIC) - FOOTER_SIZE if self.complete else self.size
+        self.schemas: dict[int, Schema] = {}
+        self.channels: dict[int, Channel] = {}
         self.messages: list[RawMessage] = []
         self.chunks = 0
         self.seen_header = False
         self.data_end: int | None = None    # where the summary section starts (after DataEnd)
+        self._zeros: int | None = None
 
     # -- the file -----------------------------------------------------------------------------
     def scan(self) -> int | None:
         """Read every record; returns where a cut-short file stops (``None``: complete)."""
-        buf = self.buf
-        size = len(buf)
-        if buf[:8] != MAGIC:
-            if len(buf) < 8 and MAGIC.startswith(buf):
-                raise TraceFormatError(f'cut short at byte {size}, inside the MCAP magic: '
-                                       'nothing to recover')
-            raise _Corrupt(0, 'not an MCAP file (no MCAP magic at the start)')
-        complete = size >= 8 + FOOTER_SIZE + 8 and buf[-8:] == MAGIC
-        limit = size - 8 - FOOTER_SIZE if complete else size
-        pos = 8
-        while pos < limit:
-            if limit - pos < 9:
-                if complete:
-                    raise _Corrupt(pos, 'record header runs into the footer')
-                return pos
-            opcode = buf[pos]
-            length = int(_U64.unpack_from(buf, pos + 1)[0])
-            name = _NAMES.get(opcode)
-            if name is None:
-                if not complete and self._zeros_from() <= pos:
-                    return pos  # only zeros from here: the hole a crash left at the end
-                raise _Corrupt(pos, f'unknown record opcode 0x{opcode:02x}')
-            end = pos + 9 + length
-            if end > limit:
-                if complete:
-                    raise _Corrupt(pos, f'{name} record of {length} bytes runs past the footer '
-                                        f'at byte {limit}')
+        self._magic()
+        pos = len(MAGIC)
+        while True:
+            end = self._frame(pos)
+            if end is None:
                 return pos      # the record the writer was writing when it stopped
-            if opcode == _FOOTER:
-                if complete:
-                    raise _Corrupt(pos, 'Footer record before the end of the file')
-                self._footer(pos, end)
-                rest = buf[end:]
-                if len(rest) < len(MAGIC) and MAGIC.startswith(rest):
-                    return end  # cut inside the closing magic
-                raise _Corrupt(end, 'the bytes after the Footer record are not the MCAP magic')
-            kept = len(self.messages)
+            opcode = self.buf[pos]
+            if opcode == Opcode.FOOTER:
+                return self._footer(_parse(self.buf, pos, end), pos, end)
             try:
                 self._record(opcode, pos, end)
             except _Corrupt:
-                hole = self._zeros_from()
-                if complete or hole >= end or size - hole < HOLE_MIN_BYTES:
+                if not self._runs_into_hole(end):
                     raise
-                del self.messages[kept:]
                 return pos      # a record that runs into the hole a crash left at the end
             pos = end
-        if not complete:
-            return pos          # cut at a record boundary: no footer
-        self._footer(limit, size - 8)
-        return None
+
+    def _magic(self) -> None:
+        """Check the opening magic (a cut inside it is not a bad one)."""
+        head = self.buf[:len(MAGIC)]
+        if head == MAGIC:
+            return
+        if len(head) < len(MAGIC) and MAGIC.startswith(head):
+            raise TraceFormatError(f'cut short at byte {self.size}, inside the MCAP magic: '
+                                   'nothing to recover')
+        raise _Corrupt(0, 'not an MCAP file (no MCAP magic at the start)')
+
+    def _frame(self, start: int) -> int | None:
+        """Where the record at ``start`` ends, checked against the file before it is read.
+
+        Returns ``None`` where a cut-short file stops: a record that runs past its end, or the
+        zeros a crash left there.
+
+        Raises:
+            _Corrupt: an unknown opcode, a record that runs into the footer, or a Footer
+                record out of place or of the wrong size.
+        """
+        if self.complete and start == self.limit:
+            if _record_header(self.buf, start, self.size) != (Opcode.FOOTER, FOOTER_SIZE - 9):
+                raise _Corrupt(start, 'no Footer record of the right size before the closing '
+                                      'MCAP magic')
+            return self.size - len(MAGIC)
+        header = _record_header(self.buf, start, self.limit)
+        if header is None:
+            if self.complete:
+                raise _Corrupt(start, 'record header runs into the footer')
+            return None
+        opcode, length = header
+        name = _name(opcode)
+        if name is None:
+            if not self.complete and self._zeros_from() <= start:
+                return None     # only zeros from here: the hole a crash left at the end
+            raise _Corrupt(start, f'unknown record opcode 0x{opcode:02x}')
+        end = start + 9 + length
+        if end > self.limit:
+            if self.complete:
+                raise _Corrupt(start, f'{name} record of {length} bytes runs past the footer '
+                                      f'at byte {self.limit}')
+            return None
+        if opcode == Opcode.FOOTER and (self.complete or length != FOOTER_SIZE - 9):
+            raise _Corrupt(start, f'Footer record of {length} bytes before the end of the file')
+        return end
 
     def _zeros_from(self) -> int:
         """Where the run of zero bytes that ends the file starts (its size if there is none).
 
         A crash (power cut) can leave a file longer than what reached the disk, zero-filled.
         """
-        return len(self.buf.rstrip(b'\x00'))
+        if self._zeros is None:
+            self._zeros = len(self.buf.rstrip(b'\x00'))
+        return self._zeros
 
-    def _footer(self, pos: int, end: int) -> None:
-        """Check the Footer record (and the summary CRC it holds) against what was read."""
-        buf = self.buf
-        if buf[pos] != _FOOTER:
-            raise _Corrupt(pos, 'no Footer record before the closing MCAP magic')
-        length = int(_U64.unpack_from(buf, pos + 1)[0])
-        if end - pos != FOOTER_SIZE or length != FOOTER_SIZE - 9:
-            raise _Corrupt(pos, f'Footer record of {length} bytes, not {FOOTER_SIZE - 9}')
-        fields = _Fields(buf, pos + 9, end, 'Footer')
-        summary_start = fields.u64('summary_start')
-        summary_offset_start = fields.u64('summary_offset_start')
-        summary_crc = fields.u32('summary_crc')
-        if self.data_end is None:
-            raise _Corrupt(pos, 'no DataEnd record before the Footer record')
-        if summary_start not in (0, self.data_end) or (summary_start == 0
-                                                       and self.data_end != pos):
-            raise _Corrupt(pos + 9, f'Footer record: summary_start {summary_start} is not '
-                                    f'where the summary section starts ({self.data_end})')
-        if summary_offset_start and not self.data_end <= summary_offset_start <= pos:
-            raise _Corrupt(pos + 17, f'Footer record: summary_offset_start '
-                                     f'{summary_offset_start} is outside the summary section')
-        if summary_crc:
-            actual = zlib.crc32(memoryview(buf)[self.data_end:pos + 25])
-            if actual != summary_crc:
-                raise _Corrupt(self.data_end, f'summary section CRC mismatch (stored '
-                                              f'0x{summary_crc:08x}, computed 0x{actual:08x}): '
-                                              'the summary or footer was altered')
+    def _runs_into_hole(self, end: int) -> bool:
+        """Whether a record that does not read runs into a hole of zeros ending a cut file."""
+        hole = self._zeros_from()
+        return not self.complete and hole < end and self.size - hole >= HOLE_MIN_BYTES
+
+    def _footer(self, footer: McapRecord, start: int, end: int) -> int | None:
+        """Check the Footer record against what was read; returns where a cut file stops."""
+        assert isinstance(footer, Footer)
+        data_end = self.data_end
+        if data_end is None:
+            raise _Corrupt(start, 'no DataEnd record before the Footer record')
+        summary_start = footer.summary_start
+        if summary_start not in (0, data_end) or (summary_start == 0 and data_end != start):
+            raise _Corrupt(start + 9, f'Footer record: summary_start {summary_start} is not '
+                                      f'where the summary section starts ({data_end})')
+        offsets = footer.summary_offset_start
+        if offsets and not data_end <= offsets <= start:
+            raise _Corrupt(start + 17, f'Footer record: summary_offset_start {offsets} is '
+                                       'outside the summary section')
+        # The mcap package does not check this CRC (1.6.0: neither its stream reader nor its
+        # seeking reader): it covers the summary section and the footer up to the CRC.
+        self._crc('summary section', footer.summary_crc, data_end, end - 4, data_end,
+                  'the summary or footer was altered')
+        if self.complete:
+            return None
+        rest = self.buf[end:]
+        if len(rest) < len(MAGIC) and MAGIC.startswith(rest):
+            return end  # cut inside the closing magic
+        raise _Corrupt(end, 'the bytes after the Footer record are not the MCAP magic')
+
+    def _crc(self, what: str, stored: int, start: int, end: int, pos: int, altered: str) -> None:
+        """Check a CRC of ``buf[start:end]`` (0: not computed); an error names byte ``pos``."""
+        actual = zlib.crc32(memoryview(self.buf)[start:end]) if stored else 0
+        if actual != stored:
+            raise _Corrupt(pos, f'{what} CRC mismatch (stored 0x{stored:08x}, computed '
+                                  f'0x{actual:08x}): {altered}')
 
     # -- records ------------------------------------------------------------------------------
-    def _record(self, opcode: int, pos: int, end: int) -> None:
-        name = _NAMES[opcode]
-        fields = _Fields(self.buf, pos + 9, end, name)
-        if opcode == _HEADER:
-            if pos != 8:
-                raise _Corrupt(pos, 'a second Header record')
-            fields.text('profile')
-            fields.text('library')
-            fields.done()
-            self.seen_header = True
-            return
-        if not self.seen_header:
-            raise _Corrupt(pos, f'{name} record where the Header record should be')
+    def _record(self, opcode: int, start: int, end: int) -> None:
+        """Check one record of the data or summary section and keep what it declares."""
+        name = _name(opcode)
+        if opcode == Opcode.HEADER and start != len(MAGIC):
+            raise _Corrupt(start, 'a second Header record')
+        if opcode != Opcode.HEADER and not self.seen_header:
+            raise _Corrupt(start, f'{name} record where the Header record should be')
         if self.data_end is None and opcode in _SUMMARY_ONLY:
-            raise _Corrupt(pos, f'{name} record in the data section')
+            raise _Corrupt(start, f'{name} record in the data section')
         if self.data_end is not None and opcode in _DATA_ONLY:
-            raise _Corrupt(pos, f'{name} record after the DataEnd record')
-        if opcode == _SCHEMA:
-            self._schema(fields, pos)
-        elif opcode == _CHANNEL:
-            self._channel(fields, pos)
-        elif opcode == _MESSAGE:
-            self._message(fields, pos, pos, None)
-        elif opcode == _CHUNK:
-            self._chunk(fields, pos)
-        elif opcode == _DATA_END:
-            crc = fields.u32('data_section_crc')
-            fields.done()
-            if crc:
-                actual = zlib.crc32(memoryview(self.buf)[:pos])
-                if actual != crc:
-                    raise _Corrupt(pos, f'data section CRC mismatch (stored 0x{crc:08x}, '
-                                        f'computed 0x{actual:08x}): bytes 0..{pos} were altered')
+            raise _Corrupt(start, f'{name} record after the DataEnd record')
+        if opcode not in _NEEDED:
+            return  # indexes, attachments, metadata: not needed (and covered by the CRCs)
+        record = _parse(self.buf, start, end)
+        if opcode == Opcode.HEADER:
+            self.seen_header = True
+        elif isinstance(record, Schema):
+            self._schema(record, start)
+        elif isinstance(record, Channel):
+            self._channel(record, start)
+        elif isinstance(record, Message):
+            self.messages.append(self._message(record, start, start, None))
+        elif isinstance(record, Chunk):
+            self._chunk(record, start, end)
+        elif isinstance(record, DataEnd):
+            # The mcap stream reader checks this CRC only in one pass over the whole file,
+            # which this module does not make (see _parse): every byte before the record.
+            self._crc('data section', record.data_section_crc, 0, start, start,
+                      f'bytes 0..{start} were altered')
             self.data_end = end
-        elif opcode == _STATISTICS:
-            self._statistics(fields, pos)
-        # other records (indexes, attachments, metadata, summary offsets) are not needed
+        elif isinstance(record, Statistics):
+            self._statistics(record, start)
 
-    def _schema(self, fields: _Fields, pos: int) -> None:
-        schema_id = fields.u16('id')
-        value = (fields.text('name'), fields.text('encoding'), fields.blob('data'))
-        fields.done()
-        if schema_id == 0:
+    def _schema(self, schema: Schema, pos: int) -> None:
+        if schema.id == 0:
             raise _Corrupt(pos, 'Schema record with the reserved id 0')
-        if self.schemas.setdefault(schema_id, value) != value:
-            raise _Corrupt(pos, f'Schema record redefines schema {schema_id} differently')
+        if self.schemas.setdefault(schema.id, schema) != schema:
+            raise _Corrupt(pos, f'Schema record redefines schema {schema.id} differently')
 
-    def _channel(self, fields: _Fields, pos: int) -> None:
-        channel_id = fields.u16('id')
-        schema_id = fields.u16('schema_id')
-        value = (schema_id, fields.text('topic'), fields.text('message_encoding'),
-                 fields.blob('metadata'))
-        fields.done()
-        if schema_id and schema_id not in self.schemas:
-            raise _Corrupt(pos, f'Channel record {channel_id} ({value[1]}) refers to unknown '
-                                f'schema {schema_id}')
-        if self.channels.setdefault(channel_id, value) != value:
-            raise _Corrupt(pos, f'Channel record redefines channel {channel_id} differently')
+    def _channel(self, channel: Channel, pos: int) -> None:
+        if channel.schema_id and channel.schema_id not in self.schemas:
+            raise _Corrupt(pos, f'Channel record {channel.id} ({channel.topic}) refers to '
+                                f'unknown schema {channel.schema_id}')
+        if self.channels.setdefault(channel.id, channel) != channel:
+            raise _Corrupt(pos, f'Channel record redefines channel {channel.id} differently')
 
-    def _message(self, fields: _Fields, pos: int, offset: int,
-                 times: tuple[int, int] | None) -> None:
-        channel_id = fields.u16('channel_id')
-        fields.u32('sequence')
-        log_time = fields.u64('log_time')
-        fields.u64('publish_time')
-        data = fields.rest()
-        channel = self.channels.get(channel_id)
+    def _message(self, message: Message, pos: int, offset: int,
+                 times: tuple[int, int] | None) -> RawMessage:
+        channel = self.channels.get(message.channel_id)
         if channel is None:
-            raise _Corrupt(pos, f'Message record on unknown channel {channel_id}')
+            raise _Corrupt(pos, f'Message record on unknown channel {message.channel_id}')
+        log_time = message.log_time
         if times is not None and not times[0] <= log_time <= times[1]:
             raise _Corrupt(pos, f'Message record: log time {log_time} ns outside the chunk range '
                                 f'{times[0]}..{times[1]} ns')
-        schema = self.schemas.get(channel[0])
-        self.messages.append(RawMessage(channel[1], schema[0] if schema else '', log_time, data,
-                                        offset))
+        schema = self.schemas.get(channel.schema_id)
+        return RawMessage(channel.topic, schema.name if schema else '', log_time,
+                          bytes(message.data), offset)
 
-    def _chunk(self, fields: _Fields, pos: int) -> None:
-        times = (fields.u64('message_start_time'), fields.u64('message_end_time'))
-        size = fields.u64('uncompressed_size')
-        crc = fields.u32('uncompressed_crc')
-        compression = fields.text('compression')
-        start, end = fields.span(8, 'records')
-        fields.done()
-        buf = self.buf
-        if compression == '':
-            if size != end - start:
-                raise _Corrupt(pos, f'Chunk record declares {size} uncompressed bytes but holds '
-                                    f'{end - start}')
-        elif compression in ('zstd', 'lz4'):
-            if size > MAX_CHUNK_BYTES:
-                raise _Corrupt(pos, f'Chunk record declares {size} uncompressed bytes (more '
-                                    f'than {MAX_CHUNK_BYTES})')
-            try:
-                buf = _decompress(compression, buf[start:end], size)
-            except ImportError as err:
-                raise TraceFormatError(f'chunk at byte {pos} is {compression}-compressed, which '
-                                       f'needs a package that is not installed: {err}') from None
-            except Exception as err:  # noqa: BLE001 - each codec raises its own errors
-                raise _Corrupt(pos, f'{compression} Chunk record does not decompress: '
-                                    f'{type(err).__name__}: {err}') from None
-            if len(buf) != size:
-                raise _Corrupt(pos, f'{compression} Chunk record decompresses to {len(buf)} '
-                                    f'bytes, not the {size} it declares')
-            start, end = 0, size
-        else:
-            raise _Corrupt(pos, f'Chunk record with unknown compression {compression!r}')
-        if crc:
-            actual = zlib.crc32(memoryview(buf)[start:end])
-            if actual != crc:
-                raise _Corrupt(pos, f'chunk CRC mismatch (stored 0x{crc:08x}, computed '
-                                    f'0x{actual:08x}): the data of the chunk was altered')
+    def _chunk(self, chunk: Chunk, start: int, end: int) -> None:
+        """Read one chunk's records; its messages are kept only if all of it reads."""
+        compression = chunk.compression
+        data = self._chunk_data(chunk, start)
+        base = None if compression else end - len(chunk.data)   # file offset of its records
         try:
-            self._chunk_records(buf, start, end, pos if compression else None, times)
+            messages = self._chunk_records(data, base, start, chunk)
         except _Corrupt as err:
-            if not compression:
-                raise _Corrupt(err.pos, f'{err.text} (in the chunk at byte {pos})') from None
-            raise _Corrupt(pos, f'{compression} chunk, byte {err.pos} of its records: '
-                                f'{err.text}') from None
+            if base is not None:
+                raise _Corrupt(base + err.pos, f'{err.text} (in the chunk at byte {start})'
+                               ) from None
+            raise _Corrupt(start, f'{compression} chunk, byte {err.pos} of its records: '
+                                  f'{err.text}') from None
+        self.messages.extend(messages)
         self.chunks += 1
 
-    def _chunk_records(self, buf: bytes, pos: int, end: int, offset: int | None,
-                       times: tuple[int, int]) -> None:
-        """The Schema, Channel and Message records of one chunk, which must fill it exactly."""
-        while pos < end:
-            if end - pos < 9:
-                raise _Corrupt(pos, 'record header runs past the end of the chunk')
-            opcode = buf[pos]
-            length = int(_U64.unpack_from(buf, pos + 1)[0])
-            stop = pos + 9 + length
-            name = _NAMES.get(opcode, f'opcode 0x{opcode:02x}')
-            if opcode not in _IN_CHUNK:
-                raise _Corrupt(pos, f'{name} record inside a chunk')
-            if stop > end:
-                raise _Corrupt(pos, f'{name} record of {length} bytes runs past the end of the '
-                                    f'chunk at byte {end}')
-            fields = _Fields(buf, pos + 9, stop, name)
-            if opcode == _SCHEMA:
-                self._schema(fields, pos)
-            elif opcode == _CHANNEL:
-                self._channel(fields, pos)
-            else:
-                self._message(fields, pos, pos if offset is None else offset, times)
-            pos = stop
+    def _chunk_data(self, chunk: Chunk, start: int) -> bytes:
+        """The records of a chunk, decompressed and CRC-checked by the ``mcap`` package."""
+        compression, size = chunk.compression, chunk.uncompressed_size
+        if compression not in _COMPRESSIONS:    # the package would take them for uncompressed
+            raise _Corrupt(start, f'Chunk record with unknown compression {compression!r}')
+        if not compression and size != len(chunk.data):
+            raise _Corrupt(start, f'Chunk record declares {size} uncompressed bytes but holds '
+                                  f'{len(chunk.data)}')
+        if size > MAX_CHUNK_BYTES:  # the package would allocate it to decompress into
+            raise _Corrupt(start, f'Chunk record declares {size} uncompressed bytes (more '
+                                  f'than {MAX_CHUNK_BYTES})')
+        try:
+            stream, length = get_chunk_data_stream(chunk, validate_crc=True)
+        except UnsupportedCompressionError as err:
+            raise TraceFormatError(f'chunk at byte {start} is {compression}-compressed, which '
+                                   f'needs a package that is not installed: {err}') from None
+        except CRCValidationError as err:
+            raise _Corrupt(start, f'chunk CRC mismatch (stored 0x{err.expected:08x}, computed '
+                                  f'0x{err.actual:08x}): the data of the chunk was altered'
+                           ) from None
+        except Exception as err:  # noqa: BLE001 - each codec raises its own errors
+            raise _Corrupt(start, f'{compression} Chunk record does not decompress: '
+                                  f'{type(err).__name__}: {err}') from None
+        if length != size:
+            raise _Corrupt(start, f'{compression} Chunk record decompresses to {length} '
+                                  f'bytes, not the {size} it declares')
+        return stream.read(length)
 
-    def _statistics(self, fields: _Fields, pos: int) -> None:
-        messages = fields.u64('message_count')
-        fields.u16('schema_count')
-        fields.u32('channel_count')
-        fields.u32('attachment_count')
-        fields.u32('metadata_count')
-        chunks = fields.u32('chunk_count')
-        fields.u64('message_start_time')
-        fields.u64('message_end_time')
-        fields.span(4, 'channel_message_counts')
-        fields.done()
-        if (messages, chunks) != (len(self.messages), self.chunks):
-            raise _Corrupt(pos, f'Statistics record counts {messages} messages in {chunks} '
+    def _chunk_records(self, data: bytes, base: int | None, start: int,
+                       chunk: Chunk) -> list[RawMessage]:
+        """The Schema, Channel and Message records of one chunk, which must fill it exactly.
+
+        Offsets in errors are of ``data``; a message's is of its record in the file (``base``
+        is where the records start) or of its chunk (``start``) when compressed.
+        """
+        times = (chunk.message_start_time, chunk.message_end_time)
+        messages = []
+        pos = 0
+        while pos < len(data):
+            end = _chunk_frame(data, pos)
+            record = _parse(data, pos, end)
+            if isinstance(record, Schema):
+                self._schema(record, pos)
+            elif isinstance(record, Channel):
+                self._channel(record, pos)
+            elif isinstance(record, Message):
+                offset = start if base is None else base + pos
+                messages.append(self._message(record, pos, offset, times))
+            pos = end
+        return messages
+
+    def _statistics(self, statistics: Statistics, pos: int) -> None:
+        counts = (statistics.message_count, statistics.chunk_count)
+        if counts != (len(self.messages), self.chunks):
+            raise _Corrupt(pos, f'Statistics record counts {counts[0]} messages in {counts[1]} '
                                 f'chunks, the file holds {len(self.messages)} in {self.chunks}')
+
+
+def _chunk_frame(data: bytes, pos: int) -> int:
+    """Where the record at ``pos`` of a chunk's records ends, checked before it is read.
+
+    Raises:
+        _Corrupt: a record other than Schema, Channel and Message, or one that runs past the
+            end of the chunk.
+    """
+    header = _record_header(data, pos, len(data))
+    if header is None:
+        raise _Corrupt(pos, 'record header runs past the end of the chunk')
+    opcode, length = header
+    name = _name(opcode) or f'opcode 0x{opcode:02x}'
+    if opcode not in _IN_CHUNK:
+        raise _Corrupt(pos, f'{name} record inside a chunk')
+    end = pos + 9 + length
+    if end > len(data):
+        raise _Corrupt(pos, f'{name} record of {length} bytes runs past the end of the chunk '
+                            f'at byte {len(data)}')
+    return end
 
 
 def mcap_file(path: str | Path) -> Path:

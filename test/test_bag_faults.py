@@ -193,6 +193,34 @@ def test_absurd_lengths_and_bad_fields_are_trace_format_errors(small_bag, tmp_pa
     assert main(['inspect', str(bag)]) == 1
 
 
+@pytest.mark.parametrize('where', ['chunk records length', 'schema name length',
+                                   'short message length', 'channel metadata length'])
+def test_fields_a_little_longer_or_shorter_than_their_record_are_errors(small_bag, tmp_path,
+                                                                         where):
+    """A field length that stays inside the file (no CRC to catch it) still does not read."""
+    data = bytearray(_without_crcs(_data(small_bag)))
+    first, second = _chunks(bytes(data))[:2]
+    if where == 'chunk records length':
+        offset = second[0] + 41
+        value = struct.pack('<Q', struct.unpack_from('<Q', data, offset)[0] + 1)
+    elif where == 'schema name length':
+        offset = _inner(bytes(data), first, 0x03) + 11
+        value = struct.pack('<I', struct.unpack_from('<I', data, offset)[0] + 3)
+    elif where == 'short message length':
+        offset, value = _inner(bytes(data), second, 0x05) + 1, struct.pack('<Q', 10)
+    else:
+        channel = _inner(bytes(data), first, 0x04)
+        topic = struct.unpack_from('<I', data, channel + 13)[0]
+        encoding = struct.unpack_from('<I', data, channel + 17 + topic)[0]
+        offset = channel + 21 + topic + encoding
+        value = struct.pack('<I', struct.unpack_from('<I', data, offset)[0] - 1)
+    data[offset:offset + len(value)] = value
+    bag = _copy(small_bag, tmp_path / 'bag', bytes(data))
+    with pytest.raises(TraceFormatError, match=r'bag\.mcap: corrupt at byte \d+: ') as info:
+        read_bag(bag)
+    assert info.value.__cause__ is None
+
+
 def test_bags_without_crcs_still_read(small_bag, tmp_path):
     bag = _copy(small_bag, tmp_path / 'old', _without_crcs(_data(small_bag)))
     read = read_bag(bag)
