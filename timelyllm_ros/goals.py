@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from timelyllm_ros.errors import GoalError, TimelyError, TufError
+from timelyllm_ros.errors import GoalError, TufError
 from timelyllm_ros.profiles import PROFILE_NAME
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 
@@ -130,8 +130,6 @@ def validate_goal(goal: PlanGoal) -> PlanGoal:
         message = first['msg'].removeprefix('Value error, ')
         error = TufError if where.split('.')[0] in ('urgency', 'tuf') else GoalError
         raise error(f'invalid goal field {where}: {message}') from None
-    except TimelyError:
-        raise
     except Exception as err:  # noqa: BLE001 - a malformed goal object is a bad goal, not a crash
         raise GoalError(f'malformed goal: {type(err).__name__}') from None
     return goal

@@ -527,7 +527,8 @@ class Scheduler:
         generation.k = index + 1
         generation.segment_tokens = 0
         out.dispatches.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
-        self._arm_deadline(generation)
+        if all(not math.isnan(s.end_time) for s in generation.segments[:index]):
+            self._arm_deadline(generation)   # else the first unreported one's deadline runs
 
     def _arm_deadline(self, generation: Generation) -> None:
         """Set the report deadline of the first unreported segment once it can start."""

@@ -283,7 +283,7 @@ class PlannerService:
                     break
                 if kind == 'submit':
                     self._refuse(args[0], args[2], reason)  # type: ignore[arg-type]
-            for task_id in list(self._listeners):     # goals that never reached the scheduler
+            for task_id in list(self._listeners):     # ended (e.g. in decide), not yet reported
                 generation = self.scheduler.generations.get(task_id)
                 if generation is not None:
                     self._notify_end(generation)
