@@ -51,14 +51,15 @@ class RobotError(TimelyError):
     """A robot backend refused or failed to execute a skill."""
 
 
-def describe_error(err: BaseException, limit: int = 300) -> str:
-    """An exception as a short reason: the message of our own errors, else type and message."""
+def describe_error(err: BaseException, limit: int | None = 300) -> str:
+    """An exception as a reason: the message of our own errors, else type and message, cut
+    to ``limit`` characters (None: whole)."""
     message = str(err).strip()
     if isinstance(err, TimelyError) and message:
         text = message
     else:
         text = f'{type(err).__name__}: {message}' if message else type(err).__name__
-    return text if len(text) <= limit else text[:limit - 3] + '...'
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + '...'
 
 
 def run_command(command: Callable[[Any], int], args: Any) -> int:

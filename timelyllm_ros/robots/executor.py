@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from timelyllm_ros.clock import Clock
-from timelyllm_ros.errors import RobotError
+from timelyllm_ros.errors import RobotError, describe_error
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.base import Execution
@@ -80,13 +80,6 @@ class SegmentExecution:
 
 class _Stop(Exception):
     """Internal: a skill failed, the segment stops."""
-
-
-def _reason(err: BaseException) -> str:
-    """An exception as a failure reason: a RobotError's message, else its type and message."""
-    if isinstance(err, RobotError):
-        return str(err)
-    return f'{type(err).__name__}: {err}'
 
 
 def _as_bool(result: object) -> bool:
@@ -177,7 +170,7 @@ class SkillExecutor:
                 except RobotError:
                     raise
                 except Exception as err:  # noqa: BLE001 -- a refusal, whatever the backend
-                    raise RobotError(f'{call.text}: {_reason(err)}') from None
+                    raise RobotError(f'{call.text}: {describe_error(err, limit=None)}') from None
 
     def execute(self, segment: Segment) -> SegmentExecution:
         """Validate, then perform the segment's statements in order.
@@ -200,8 +193,9 @@ class SkillExecutor:
         try:
             self.backend.connect()
         except Exception as err:  # noqa: BLE001 -- robot failures never raise out
+            reason = describe_error(err, limit=None)
             return SegmentExecution(segment.index, start, self.clock.now(), False,
-                                    f'segment {segment.index}: cannot connect: {_reason(err)}')
+                                    f'segment {segment.index}: cannot connect: {reason}')
         records: list[SkillRecord] = []
         try:
             for statement in segment.statements:
@@ -211,8 +205,9 @@ class SkillExecutor:
                                     records)
         except Exception as err:  # noqa: BLE001 -- last resort: fail the segment, never raise
             logger.exception('segment %d failed unexpectedly', segment.index)
+            reason = describe_error(err, limit=None)
             return SegmentExecution(segment.index, start, self.clock.now(), False,
-                                    f'segment {segment.index} failed: {_reason(err)}', records)
+                                    f'segment {segment.index} failed: {reason}', records)
         return SegmentExecution(segment.index, start, self.clock.now(), True, '', records)
 
     def _run(self, statement: Statement, records: list[SkillRecord]) -> None:
@@ -255,7 +250,7 @@ class SkillExecutor:
         try:
             result = self.backend.perform(call)
         except Exception as err:  # noqa: BLE001 -- robot failures never raise out
-            reason = _reason(err)
+            reason = describe_error(err, limit=None)
             records.append(SkillRecord(call.skill, call.text, dict(call.args), begin,
                                        self.clock.now(), False, reason))
             prefix = f'{call.text}: '
