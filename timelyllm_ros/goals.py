@@ -25,7 +25,9 @@ MAX_TUF_SECONDS = 86_400.0          # an ERT or zero-utility time beyond a day i
 MAX_TUF_UTILITY = 1e6
 
 ROBOT_ID_PATTERN = r'^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$'
-_CONTROL = re.compile(r'[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]')
+UNREADABLE_CHARS = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]')
+"""What received text may not hold: control characters (but tab, newline, carriage return)
+and lone surrogates."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +79,11 @@ class _GoalSchema(BaseModel):
     def _readable_text(cls, task: str) -> str:
         if not task.strip():
             raise ValueError('the task text is empty')
-        if _CONTROL.search(task):
+        bad = UNREADABLE_CHARS.search(task)
+        if bad is not None and bad.group() >= '\ud800':
+            raise ValueError('the task text is not valid Unicode (a lone surrogate)')
+        if bad is not None:
             raise ValueError('the task text contains control characters')
-        try:
-            task.encode('utf-8')
-        except UnicodeEncodeError:
-            raise ValueError('the task text is not valid Unicode (a lone surrogate)') from None
         return task
 
     @field_validator('urgency')

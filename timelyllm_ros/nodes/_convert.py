@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
+from timelyllm_ros.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
+from timelyllm_ros.goals import MAX_TASK_CHARS, UNREADABLE_CHARS
 from timelyllm_ros.metrics import task_metrics
 from timelyllm_ros.profiles import RobotProfile, check_profile_name, clip
 from timelyllm_ros.request import Generation, Segment, TaskStatus
@@ -27,16 +28,10 @@ from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 MAX_TASK_MESSAGE_BYTES = 64 * 1024
 """Largest ``task`` topic message read (UTF-8 bytes); longer ones are refused unparsed."""
 
-MAX_TASK_CHARS = 4096
-"""Longest task text (as the planner's goal schema)."""
-
-MAX_ID_CHARS = 128
-"""Longest robot id or task id."""
 
 MAX_JSON_NUMBER_CHARS = 32
 """Longest number literal in a JSON task message."""
 
-_BAD_CHARS = re.compile('[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]')
 
 
 def stamp(seconds: float, time_cls: type) -> Any:
@@ -84,7 +79,7 @@ def check_text(what: str, text: object, max_chars: int, *, empty: bool = False) 
         raise GoalError(f'the {what} is longer than {max_chars} characters ({len(text)})')
     if not empty and not text.strip():
         raise GoalError(f'the {what} is empty')
-    bad = _BAD_CHARS.search(text)
+    bad = UNREADABLE_CHARS.search(text)
     if bad is not None:
         kind = 'a lone surrogate' if bad.group() >= '\ud800' else 'a control character'
         raise GoalError(f'the {what} {clip(text)} holds {kind} at {bad.start()}')
