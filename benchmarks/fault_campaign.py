@@ -45,7 +45,7 @@ from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError, GoalError
 from timelyllm_ros.goals import PlanGoal
-from timelyllm_ros.nodes._convert import parse_task, statements_from_text
+from timelyllm_ros.nodes.convert import parse_task, statements_from_text
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, TaskSpec, TaskStatus

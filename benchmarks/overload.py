@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from lrtrace.traces import approx_tokenize, load_trace_set
-from lrtrace.workloads import CLASS_TUF
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
 from timelyllm_ros.simulation import SimulationResult, simulate
+from timelyllm_ros.traces import approx_tokenize, load_trace_set
 from timelyllm_ros.tuf import tuf_for_class
+from timelyllm_ros.workloads import CLASS_TUF
 
 DRONE_TRACES = tuple(range(1, 9))          # T1–T5 normal, T6–T8 urgent (Tello)
 DEFAULT_POLICIES = ('vllm', 'timelyllm')

@@ -28,10 +28,10 @@ from timelyllm_ros.errors import run_command
 
 def cmd_record(args: argparse.Namespace) -> int:
     from lrtrace.recorder import record_simulation, with_drawn_skill_times
-    from lrtrace.workloads import resolve_workload
     from timelyllm_ros.errors import TraceFormatError
     from timelyllm_ros.scheduler import SchedulerConfig
     from timelyllm_ros.simulation import simulate
+    from timelyllm_ros.workloads import resolve_workload
 
     if Path(args.out).exists():
         raise TraceFormatError(f'{args.out} exists already, not overwriting')
@@ -133,16 +133,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from lrtrace.replay import replay
-    from timelyllm_ros.cli import format_table
     from timelyllm_ros.scheduler import SchedulerConfig
+    from timelyllm_ros.tables import summary_tables
 
     summary = replay(args.bags, args.workload_spec, seed=args.seed, policy=args.policy,
                      config=SchedulerConfig(comm_s=args.comm_ms / 1000.0))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + '\n')
-    print(format_table('per task class', summary['by_class'], 'class'))  # type: ignore[arg-type]
-    print(format_table('per task type', summary['by_type'], 'type'))  # type: ignore[arg-type]
-    print(format_table('overall', {'all': summary['overall']}, ''))  # type: ignore[dict-item]
+    print(summary_tables(summary))
     return 0
 
 

@@ -163,7 +163,7 @@ def collect_samples(bags: Sequence[TraceBag], profile: RobotProfile
     return samples, skipped
 
 
-_MODEL = TypeAdapter(ExecTimeModel)
+_MODEL: TypeAdapter[ExecTimeModel] = TypeAdapter(ExecTimeModel)
 
 
 def recorded_reference(bags: Sequence[TraceBag]) -> tuple[dict[str, Any], str]:
@@ -319,10 +319,10 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
                   f'samples in all.')
     if len(report.skills) < len(base.skills):
         provenance += f' Other skills as before: {base.exec_time_provenance}'
-    data = base.model_dump(mode='json', exclude_none=True)
-    data['skills'] = [s.model_dump(mode='json', exclude_none=True) for s in skills]
-    data['exec_time_provenance'] = provenance
-    return RobotProfile.model_validate(data), report
+    fields = base.model_dump(mode='json', exclude_none=True)
+    fields['skills'] = [s.model_dump(mode='json', exclude_none=True) for s in skills]
+    fields['exec_time_provenance'] = provenance
+    return RobotProfile.model_validate(fields), report
 
 
 def write_profile(profile: RobotProfile, path: str | Path) -> Path:

@@ -15,6 +15,7 @@ from typing import Any
 
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
+from timelyllm_ros.tables import text_table
 
 __all__ = ['format_table', 'plot_timeline', 'segment_rows', 'skill_rows', 'task_rows']
 
@@ -89,11 +90,7 @@ def format_table(rows: Sequence[Row], columns: Sequence[str] | None = None) -> s
         return '(no rows)'
     columns = list(columns) if columns is not None else list(rows[0])
     body = [[_cell(row.get(c, '')) for c in columns] for row in rows]
-    widths = [max(len(r[i]) for r in [columns, *body]) for i in range(len(columns))]
-    lines = ['  '.join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    lines += ['  '.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-              for row in body]
-    return '\n'.join(lines)
+    return text_table(columns, body, align='left')
 
 
 def plot_timeline(bag: str | Path | TraceBag, out_png: str | Path,

@@ -50,27 +50,29 @@ duration while a default run takes well under a minute (:data:`DEFAULTS`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lrtrace.recorder import TraceRecorder
 from timelyllm_ros.clock import Clock, SimClock, WallClock
-from timelyllm_ros.errors import RobotError, TraceFormatError
+from timelyllm_ros.errors import ProfileError, RobotError, TraceFormatError
 from timelyllm_ros.profiles import RobotProfile, Skill, load_profile_name_or_file
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.executor import SkillExecutor
+from timelyllm_ros.robots.factory import RobotOptions, open_robot
 from timelyllm_ros.segmenter import segment_text
+
+if TYPE_CHECKING:
+    from timelyllm_ros.robots.indy7 import Indy7Backend
 
 __all__ = ['BACKENDS', 'DEFAULTS', 'ProfileRun', 'Step', 'profile_calls', 'profile_robot']
 
@@ -99,9 +101,6 @@ points or a smaller scale are faster; the fitted intercepts then move up by the 
 ``time_scale``.
 """
 
-TELLO_HOST = '192.168.10.1'
-"""A real Tello's address (its own Wi-Fi access point)."""
-
 # Tello: every move is followed by its opposite (the drone comes back; the height stays >= 0).
 _TELLO_PAIRS = {'move_forward': 'move_backward', 'move_left': 'move_right',
                 'move_up': 'move_down', 'turn_cw': 'turn_ccw'}
@@ -122,7 +121,6 @@ _INDY7_LOCAL = {
 _INDY7_OBJECT_SKILLS = ('move_to', 'pick', 'place')
 _GRIPPER_SKILLS = ('grip', 'release')
 
-_LOOPBACK_HOSTS = itertools.count()
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +194,9 @@ def _call_text(skill: Skill, value: float | None) -> str:
         v = value if numeric and arg is numeric[0] and value is not None else (
             0.0 if (arg.min is None or arg.min <= 0) and (arg.max is None or arg.max >= 0)
             else arg.min)
+        if v is None:
+            raise ProfileError(f'{skill.name}: argument {arg.name} has a negative maximum and '
+                               f'no minimum: no value to profile it with')
         literals.append(str(int(v)) if arg.type == 'int' else f'{float(v):g}')
     return f'{skill.short}({", ".join(literals)})'
 
@@ -363,26 +364,15 @@ class _TelloRig(_Rig):
 class _Indy7Rig(_Rig):
     """Indy7Backend; on the emulator the gripper wait follows the profile x time_scale."""
 
-    def __init__(self, backend: Any, clock: Clock, description: str,
+    def __init__(self, backend: Indy7Backend, clock: Clock, description: str,
                  meta: Mapping[str, str], gripper_s: Mapping[str, float] | None) -> None:
         super().__init__(backend, clock, description, meta)
+        self.arm = backend
         self.gripper_s = dict(gripper_s or {})
 
     def before(self, step: Step) -> None:
         if step.skill in self.gripper_s:
-            self.backend.gripper_wait_s = self.gripper_s[step.skill]
-
-
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.bind(('127.0.0.1', 0))
-        return int(probe.getsockname()[1])
-
-
-def _loopback_host() -> str:
-    """A loopback address of its own (djitellopy routes replies by the sender's IP)."""
-    n = next(_LOOPBACK_HOSTS) % 250
-    return f'127.0.3.{n + 1}' if sys.platform.startswith('linux') else '127.0.0.1'
+            self.arm.gripper_wait_s = self.gripper_s[step.skill]
 
 
 class _BelowWarning(logging.Filter):
@@ -406,104 +396,65 @@ def _quiet_djitellopy() -> Iterator[None]:
         client_logger.removeFilter(quiet)
 
 
+def _robot_backend_name(backend: str) -> str:
+    """The robot factory's name for a profiling backend (djitellopy/indydcp3: the robot)."""
+    return backend if backend in ('sim', 'emulator') else 'real'
+
+
 @contextmanager
 def _tello_rig(profile: RobotProfile, backend: str, time_scale: float,
                host: str | None) -> Iterator[_Rig]:
-    from timelyllm_ros.robots.tello import TelloBackend, client_state_port
-
     clock = WallClock()
-    emulator = None
-    meta: dict[str, str] = {}
+    emulated = backend == 'emulator'
+    # An endless battery: a long profiling run would need battery swaps on a drone.
+    options = RobotOptions(time_scale=time_scale if emulated else 1.0,
+                           endless_battery=True, own_loopback_host=True,
+                           command_timeout_s=2.0 if emulated else None)
     with _quiet_djitellopy():
-        try:
-            if backend == 'emulator':
-                from timelyllm_ros.robots.emulators.tello import TelloEmulator
-
-                state_port = client_state_port() or _free_udp_port()
-                ip = host or _loopback_host()
-                # An endless battery: a long profiling run would need battery swaps on a drone.
-                emulator = TelloEmulator(ip, 0, state_port, profile=profile,
-                                         time_scale=time_scale, drain_per_s=0.0,
-                                         idle_drain_per_s=0.0)
-                try:
-                    emulator.start()
-                except OSError as err:
-                    raise RobotError(f'cannot start the Tello emulator on {ip}: {err}') from None
-                robot = TelloBackend(profile, ip, control_port=emulator.port,
-                                     state_port=state_port, clock=clock, command_timeout_s=2.0)
-                description = (f'TelloEmulator on {ip}:{emulator.port} driven through '
-                               f'djitellopy by TelloBackend; emulated timing = profile '
-                               f'{profile.name} models x time_scale {time_scale:g}; not hardware')
-                meta['emulator'] = 'TelloEmulator'
-            else:
-                try:
-                    ip = socket.gethostbyname(host or TELLO_HOST)
-                except OSError as err:
-                    raise RobotError(f'cannot resolve the Tello host {host!r}: {err}') from None
-                robot = TelloBackend(profile, ip, clock=clock)
-                description = f'Tello at {ip} through djitellopy (TelloBackend); hardware'
-            robot.connect()
-            meta['measurement'] = (
-                "end of a call = arrival of the drone's reply at djitellopy's receiver "
-                '(stamped by the profiler; djitellopy itself polls every 100 ms); '
-                "djitellopy's TIME_BTW_COMMANDS pause kept between calls")
-            rig = _TelloRig(robot, clock, description, ip, meta)
-            try:
-                yield rig
-            finally:
-                rig.meta['stamped_calls'] = str(rig.stamped)
-                rig.meta['unstamped_calls'] = str(rig.unstamped)
-                robot.close()
-        finally:
-            if emulator is not None:
-                emulator.stop()
-
-
-@contextmanager
-def _indy7_rig(profile: RobotProfile, backend: str, time_scale: float,
-               host: str | None) -> Iterator[_Rig]:
-    from timelyllm_ros.robots.indy7 import Indy7Backend
-
-    clock = WallClock()
-    emulator = None
-    meta: dict[str, str] = {}
-    try:
-        if backend == 'emulator':
-            from timelyllm_ros.robots.emulators.indy7 import Indy7Emulator
-
-            try:
-                emulator = Indy7Emulator(host or '127.0.0.1', 0, profile,
-                                         time_scale=time_scale).start()
-            except (OSError, ImportError) as err:
-                raise RobotError(f'cannot start the Indy7 emulator: {err}') from None
-            gripper = {name: profile.skill(name).exec_time.mean_s({}) * time_scale
-                       for name in _GRIPPER_SKILLS if name in profile.skill_index}
-            robot = Indy7Backend(profile, emulator.host, port=emulator.port,
-                                 poll_interval_s=0.002, motion_timeout_s=30.0,
-                                 gripper_wait_s=min(gripper.values(), default=0.5))
-            description = (f'Indy7Emulator on {emulator.address} driven through IndyDCP3 by '
-                           f'Indy7Backend; emulated timing = profile {profile.name} models x '
-                           f'time_scale {time_scale:g} (gripper: the backend waits the grip/'
-                           f'release time x time_scale); not hardware')
-            meta['emulator'] = 'Indy7Emulator'
-            meta['measurement'] = ('executor clock around each call; Indy7Backend polls the '
-                                   'motion state every 2 ms')
-        else:
-            gripper = {}
-            robot = Indy7Backend(profile, host or '127.0.0.1', poll_interval_s=0.01)
-            description = (f'Indy7 at {robot.address} through IndyDCP3 (Indy7Backend); '
-                           f'hardware')
-            meta['measurement'] = ('executor clock around each call; Indy7Backend polls the '
-                                   'motion state every 10 ms')
-        robot.connect()
-        rig = _Indy7Rig(robot, clock, description, meta, gripper)
+        robot = open_robot(profile, _robot_backend_name(backend), host, clock, options)
+        meta = {'emulator': 'TelloEmulator'} if emulated else {}
+        meta['measurement'] = (
+            "end of a call = arrival of the drone's reply at djitellopy's receiver "
+            '(stamped by the profiler; djitellopy itself polls every 100 ms); '
+            "djitellopy's TIME_BTW_COMMANDS pause kept between calls")
+        rig = _TelloRig(robot.backend, clock, robot.description, robot.address, meta)
         try:
             yield rig
         finally:
+            rig.meta['stamped_calls'] = str(rig.stamped)
+            rig.meta['unstamped_calls'] = str(rig.unstamped)
             robot.close()
+
+
+@contextmanager
+def _indy7_rig(profile: RobotProfile, backend: str, time_scale: float, host: str | None,
+               poses: Mapping[str, Sequence[float]]) -> Iterator[_Rig]:
+    from timelyllm_ros.robots.indy7 import Indy7Backend
+
+    clock = WallClock()
+    if backend == 'emulator':
+        gripper = {name: profile.skill(name).exec_time.mean_s({}) * time_scale
+                   for name in _GRIPPER_SKILLS if name in profile.skill_index}
+        options = RobotOptions(time_scale=time_scale, poll_interval_s=0.002,
+                               motion_timeout_s=30.0,
+                               gripper_wait_s=min(gripper.values(), default=0.5), poses=poses)
+        meta = {'emulator': 'Indy7Emulator',
+                'measurement': ('executor clock around each call; Indy7Backend polls the '
+                                'motion state every 2 ms')}
+        detail = ' (gripper: the backend waits the grip/release time x time_scale)'
+    else:
+        gripper = {}
+        options = RobotOptions(poll_interval_s=0.01, poses=poses)
+        meta = {'measurement': ('executor clock around each call; Indy7Backend polls the '
+                                'motion state every 10 ms')}
+        detail = ''
+    address = host if backend == 'emulator' else host or '127.0.0.1'
+    robot = open_robot(profile, _robot_backend_name(backend), address, clock, options)
+    try:
+        assert isinstance(robot.backend, Indy7Backend)
+        yield _Indy7Rig(robot.backend, clock, robot.description + detail, meta, gripper)
     finally:
-        if emulator is not None:
-            emulator.stop()
+        robot.close()
 
 
 # -- skills to profile ----------------------------------------------------------------------------
@@ -594,20 +545,14 @@ def _segment(profile: RobotProfile, index: int, text: str, now: float) -> Segmen
                    dispatch_time=now, estimated_exec_s=0.0, tokens=0, is_last=True)
 
 
-def _sim_rig(profile: RobotProfile, seed: int, jitter: float) -> AbstractContextManager[_Rig]:
-    import numpy as np
-
-    from timelyllm_ros.robots.sim_backend import SimulatedBackend
-
-    @contextmanager
-    def rig() -> Iterator[_Rig]:
-        clock = SimClock()
-        backend = SimulatedBackend(profile, clock, rng=np.random.default_rng(seed),
-                                   jitter=jitter)
-        yield _Rig(backend, clock, f'simulated from the profile models, not hardware, jitter '
-                                   f'{jitter:g}')
-
-    return rig()
+@contextmanager
+def _sim_rig(profile: RobotProfile, seed: int, jitter: float) -> Iterator[_Rig]:
+    clock = SimClock()
+    robot = open_robot(profile, 'sim', None, clock, RobotOptions(seed=seed, jitter=jitter))
+    try:
+        yield _Rig(robot.backend, clock, robot.description)
+    finally:
+        robot.close()
 
 
 def profile_robot(robot: str | Path | RobotProfile, backend: str, out: str | Path,
@@ -662,11 +607,8 @@ def profile_robot(robot: str | Path | RobotProfile, backend: str, out: str | Pat
     elif profile.name == 'tello':
         rig_context = _tello_rig(profile, backend, time_scale, host)
     else:
-        rig_context = _indy7_rig(profile, backend, time_scale, host)
+        rig_context = _indy7_rig(profile, backend, time_scale, host, poses)
     with rig_context as rig:
-        if poses and hasattr(rig.backend, 'poses'):
-            for name, pose in poses.items():
-                rig.backend.poses[name] = [float(v) for v in pose]
         profiled, skipped = _plan(profile, rig.backend, backend, poses)
         if backend == 'sim':
             steps = [Step(skill, text) for skill, text in profile_calls(profile, grid)]

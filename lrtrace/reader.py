@@ -176,7 +176,7 @@ def _parse(buf: bytes, start: int, end: int) -> McapRecord:
     # follows the last field, and reads a map on to the end of the entry its length ends in.
     builder = RecordBuilder()
     record.write(builder)
-    written = builder.end()
+    written = builder.end()  # type: ignore[no-untyped-call]  # mcap leaves it unannotated
     if memoryview(buf)[start:end] != written:
         size = len(written) - _RECORD_HEADER.size
         how = (f'its fields read as {size} bytes' if size != end - start - 9 else

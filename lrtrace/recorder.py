@@ -43,10 +43,11 @@ from rosbags.rosbag2.storage_mcap import McapWriter
 from lrtrace import format as fmt
 from timelyllm_ros.errors import TraceFormatError
 from timelyllm_ros.execution import MeasuredTimes
+from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, Segment, TaskSpec
 from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.segmenter import SkillCall, segment_text
+from timelyllm_ros.segmenter import segment_text
 
 __all__ = ['DEFAULT_CHUNK_SIZE', 'TraceRecorder', 'record_simulation', 'simulation_skill_records',
            'with_drawn_skill_times', 'write_mcap_crcs']
@@ -236,8 +237,8 @@ class TraceRecorder:
         writer = Writer(self.path, version=Writer.VERSION_LATEST,
                         storage_plugin=StoragePlugin.MCAP)
         # The storage class is looked up on the instance: plug in the flushing writer.
-        writer.STORAGE_PLUGINS = {StoragePlugin.MCAP: functools.partial(
-            _FlushingMcapWriter, chunk_size=self.chunk_size, fsync=self.fsync)}
+        writer.STORAGE_PLUGINS = {StoragePlugin.MCAP: functools.partial(  # type: ignore[dict-item]
+            _FlushingMcapWriter, chunk_size=self.chunk_size, fsync=self.fsync)}  # a class factory
         writer.set_custom_data(fmt.CUSTOM_DATA_VERSION, str(fmt.VERSION_LATEST))
         writer.set_custom_data('lrtrace_source', self.source)
         try:

@@ -24,18 +24,18 @@ from typing import Any
 
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
-from lrtrace.traces import Trace, TraceSet
-from lrtrace.workloads import (
+from timelyllm_ros.errors import TraceFormatError, WorkloadError
+from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.scheduler import SchedulerConfig
+from timelyllm_ros.traces import Trace, TraceSet
+from timelyllm_ros.tuf import Tuf
+from timelyllm_ros.workloads import (
     BUILTIN_WORKLOADS,
     CLASS_TUF,
     WorkloadSpec,
     generate_tasks,
     load_workload_spec,
 )
-from timelyllm_ros.errors import TraceFormatError, WorkloadError
-from timelyllm_ros.request import TaskSpec
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.tuf import Tuf
 
 __all__ = ['Dispatch', 'LiveReplay', 'RecordedTraceSet', 'recorded_tasks', 'replay',
            'replay_result', 'traces_from_bags']

@@ -1,5 +1,5 @@
 """A controller's task admission (one plan at a time, bounded FIFO) and its task messages,
-without ROS (the node wraps :mod:`timelyllm_ros.nodes._tasks` and ``_convert``)."""
+without ROS (the node wraps :mod:`timelyllm_ros.nodes._tasks` and ``convert``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
 from timelyllm_ros.tuf import URGENT, Tuf
 
@@ -84,29 +84,29 @@ def test_concurrent_offers_start_exactly_one_task():
 
 
 def test_plain_text_and_json_task_messages():
-    assert _convert.parse_task('find the cat') == _convert.TaskRequest(task='find the cat')
-    assert _convert.parse_task('{not json') == _convert.TaskRequest(task='{not json')
-    payload = _convert.task_payload('a dog is chasing me', 'task-0003', 'urgent', URGENT)
-    request = _convert.parse_task(payload)
-    assert request == _convert.TaskRequest('a dog is chasing me', 'task-0003', 'urgent', URGENT)
-    assert _convert.parse_task(_convert.task_payload('hover')) == _convert.TaskRequest('hover')
+    assert convert.parse_task('find the cat') == convert.TaskRequest(task='find the cat')
+    assert convert.parse_task('{not json') == convert.TaskRequest(task='{not json')
+    payload = convert.task_payload('a dog is chasing me', 'task-0003', 'urgent', URGENT)
+    request = convert.parse_task(payload)
+    assert request == convert.TaskRequest('a dog is chasing me', 'task-0003', 'urgent', URGENT)
+    assert convert.parse_task(convert.task_payload('hover')) == convert.TaskRequest('hover')
     with pytest.raises(GoalError, match='no "task"'):
-        _convert.parse_task('{"task_id": "x"}')
+        convert.parse_task('{"task_id": "x"}')
     with pytest.raises(GoalError, match='bad "tuf"'):
-        _convert.parse_task('{"task": "x", "tuf": {"beta": 1}}')
+        convert.parse_task('{"task": "x", "tuf": {"beta": 1}}')
     with pytest.raises(TufError):
-        _convert.parse_task(json.dumps({'task': 'x',
+        convert.parse_task(json.dumps({'task': 'x',
                                         'tuf': {'ert_s': 0.2, 'alpha': 5.0, 'beta': 1.0}}))
 
 
 def test_goal_to_msg_uses_the_default_urgency_and_an_explicit_tuf():
-    plain = _convert.goal_to_msg('drone_0', 'tello', _convert.TaskRequest('hover'), 'normal',
+    plain = convert.goal_to_msg('drone_0', 'tello', convert.TaskRequest('hover'), 'normal',
                                  Msg, Msg)
     assert (plain.urgency, plain.wait_for_execution) == ('normal', True)
     assert not hasattr(plain, 'has_tuf')
     tuf = Tuf(beta=1.0, ert_s=3.0, alpha=-0.5)
-    goal = _convert.goal_to_msg('drone_0', 'tello',
-                                _convert.TaskRequest('run', 't1', 'urgent', tuf), 'normal',
+    goal = convert.goal_to_msg('drone_0', 'tello',
+                                convert.TaskRequest('run', 't1', 'urgent', tuf), 'normal',
                                 Msg, Msg)
     assert goal.urgency == 'urgent' and goal.has_tuf
     assert (goal.tuf.ert_s, goal.tuf.alpha, goal.tuf.beta) == (3.0, -0.5, 1.0)
@@ -115,12 +115,12 @@ def test_goal_to_msg_uses_the_default_urgency_and_an_explicit_tuf():
 def test_reports_carry_the_task_id_and_queue_time_and_say_refused():
     result = Msg(success=True, error='', segment_count=2, response_time_s=0.2,
                  waiting_time_s=0.3, utility=1.0)
-    report = _convert.parse_report(_convert.result_report('drone_0', 'tello', result,
+    report = convert.parse_report(convert.result_report('drone_0', 'tello', result,
                                                           'task-0001', 1.5))
     assert report['task_id'] == 'task-0001' and report['queued_s'] == 1.5
-    refused = _convert.parse_report(_convert.refusal_report('drone_0', 'task-0002',
+    refused = convert.parse_report(convert.refusal_report('drone_0', 'task-0002',
                                                             'task queue full'))
     assert refused == {'robot_id': 'drone_0', 'success': False,
                        'error': 'refused: task queue full', 'task_id': 'task-0002'}
-    rejected = _convert.parse_report(_convert.rejection_report('drone_0', 't', 0.0, 'no server'))
+    rejected = convert.parse_report(convert.rejection_report('drone_0', 't', 0.0, 'no server'))
     assert rejected['error'] == 'rejected: no server' and rejected['queued_s'] == 0.0

@@ -10,7 +10,7 @@ import pytest
 from utils import make_scheduler, make_spec
 
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes import convert
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.backend import SkillRecord
 from timelyllm_ros.tuf import URGENT
@@ -28,35 +28,35 @@ def goal(**fields):
 
 
 def test_stamp_round_trip_to_the_nanosecond():
-    msg = _convert.stamp(1700000000.123456789, Msg)
+    msg = convert.stamp(1700000000.123456789, Msg)
     assert msg.sec == 1700000000 and abs(msg.nanosec - 123456789) < 500  # float64 precision
-    assert _convert.seconds(msg) == pytest.approx(1700000000.123456789, abs=1e-6)
-    assert (_convert.stamp(2.5, Msg).sec, _convert.stamp(2.5, Msg).nanosec) == (2, 500_000_000)
-    nan = _convert.stamp(math.nan, Msg)
+    assert convert.seconds(msg) == pytest.approx(1700000000.123456789, abs=1e-6)
+    assert (convert.stamp(2.5, Msg).sec, convert.stamp(2.5, Msg).nanosec) == (2, 500_000_000)
+    nan = convert.stamp(math.nan, Msg)
     assert (nan.sec, nan.nanosec) == (0, 0)
 
 
 def test_goal_from_msg_uses_the_class_tuf_unless_explicit():
-    plain = _convert.goal_from_msg(goal())
+    plain = convert.goal_from_msg(goal())
     assert (plain.robot_id, plain.robot_kind, plain.urgency, plain.tuf) == (
         'drone_0', 'tello', 'urgent', None)
-    explicit = _convert.goal_from_msg(goal(has_tuf=True,
+    explicit = convert.goal_from_msg(goal(has_tuf=True,
                                            tuf=Msg(ert_s=0.3, alpha=-4.0, beta=2.0)))
     assert (explicit.tuf.ert_s, explicit.tuf.alpha, explicit.tuf.beta) == (0.3, -4.0, 2.0)
-    assert _convert.goal_from_msg(goal(urgency='  ')).urgency == 'normal'
+    assert convert.goal_from_msg(goal(urgency='  ')).urgency == 'normal'
 
 
 def test_goal_from_msg_rejects_invalid_tuf_and_missing_kind():
     with pytest.raises(TufError, match='alpha'):
-        _convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=3.0, beta=1.0)))
+        convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=3.0, beta=1.0)))
     with pytest.raises(TufError, match='beta'):
-        _convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=-1.0, beta=0.0)))
+        convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=-1.0, beta=0.0)))
     with pytest.raises(GoalError, match='no robot kind'):
-        _convert.goal_from_msg(goal(robot_kind=' '))
+        convert.goal_from_msg(goal(robot_kind=' '))
 
 
 def test_tuf_to_msg():
-    msg = _convert.tuf_to_msg(URGENT, Msg)
+    msg = convert.tuf_to_msg(URGENT, Msg)
     assert (msg.ert_s, msg.alpha, msg.beta) == (0.2, URGENT.alpha, 2.0)
 
 
@@ -72,13 +72,13 @@ def run_one(plan: str):
 def test_segment_to_msg_and_back():
     _, generation, dispatched = run_one('mf(50);tc(90)')
     segment = dispatched[0].segment
-    msg = _convert.segment_to_msg(generation, segment, 1000.0, Msg, Msg)
+    msg = convert.segment_to_msg(generation, segment, 1000.0, Msg, Msg)
     assert (msg.robot_id, msg.goal_id, msg.index, msg.text) == (
         generation.spec.robot_id, generation.task_id, 0, 'mf(50)')
     assert msg.skills == ['move_forward']
-    assert _convert.seconds(msg.generated_stamp) == pytest.approx(1000.0 + segment.cut_time)
+    assert convert.seconds(msg.generated_stamp) == pytest.approx(1000.0 + segment.cut_time)
     assert msg.estimated_execution_s == pytest.approx(segment.estimated_exec_s)
-    back = _convert.segment_from_msg(load_profile('tello'), msg)
+    back = convert.segment_from_msg(load_profile('tello'), msg)
     assert back.index == 0 and [c.skill for c in back.calls] == ['move_forward']
     assert back.calls[0].args == {'distance': 50}
 
@@ -88,17 +88,17 @@ def test_segment_from_msg_rejects_malformed_or_empty_text():
     bad = Msg(index=1, text='mf(5000)', generated_stamp=Msg(sec=0, nanosec=0),
               estimated_execution_s=0.0, is_last=False)
     with pytest.raises(GoalError, match='mf\\(5000\\)'):
-        _convert.segment_from_msg(profile, bad)
+        convert.segment_from_msg(profile, bad)
     with pytest.raises(GoalError, match='no executable statement'):
-        _convert.statements_from_text(profile, ';  ')
+        convert.statements_from_text(profile, ';  ')
 
 
 def test_segment_done_both_ways_on_the_planner_clock():
-    msg = _convert.segment_done_to_msg('drone_0', 'g#1', 2, 1010.5, 1012.0, False, 'motor',
+    msg = convert.segment_done_to_msg('drone_0', 'g#1', 2, 1010.5, 1012.0, False, 'motor',
                                        Msg, Msg)
     assert (msg.robot_id, msg.goal_id, msg.index, msg.success, msg.error) == (
         'drone_0', 'g#1', 2, False, 'motor')
-    goal_id, index, start, end, success, error = _convert.segment_done_from_msg(msg, 1000.0)
+    goal_id, index, start, end, success, error = convert.segment_done_from_msg(msg, 1000.0)
     assert (goal_id, index, success, error) == ('g#1', 2, False, 'motor')
     assert start == pytest.approx(10.5) and end == pytest.approx(12.0)
 
@@ -106,9 +106,9 @@ def test_segment_done_both_ways_on_the_planner_clock():
 def test_skill_record_both_ways():
     record = SkillRecord(skill='move_forward', call='mf(50)', args={'distance': 50},
                          start_time=5.25, end_time=7.5, success=True)
-    msg = _convert.skill_record_to_msg('drone_0', 'g#1', 0, record, Msg, Msg)
+    msg = convert.skill_record_to_msg('drone_0', 'g#1', 0, record, Msg, Msg)
     assert (msg.skill, msg.call, msg.segment_index) == ('move_forward', 'mf(50)', 0)
-    back = _convert.skill_record_from_msg(msg)
+    back = convert.skill_record_from_msg(msg)
     assert (back.skill, back.call, back.start_time, back.end_time, back.success) == (
         'move_forward', 'mf(50)', 5.25, 7.5, True)
 
@@ -118,13 +118,13 @@ def test_result_fields_of_a_finished_and_a_failed_goal():
     for dispatch in dispatched:
         start = dispatch.segment.cut_time + 0.01
         scheduler.report_segment(generation.task_id, dispatch.segment.index, start, start + 2.0)
-    fields = _convert.result_fields(generation)
+    fields = convert.result_fields(generation)
     assert fields['success'] is True and fields['error'] == ''
     assert fields['plan'] == 'mf(50);tc(90)' and fields['segment_count'] == 2
     assert fields['response_time_s'] == pytest.approx(dispatched[0].segment.cut_time + 0.01)
     assert fields['utility'] == 1.0
     _, failed, _ = run_one('fly(3)')
-    fields = _convert.result_fields(failed)
+    fields = convert.result_fields(failed)
     assert fields['success'] is False and 'no executable skill' in fields['error']
     assert fields['response_time_s'] == -1.0 and fields['utility'] == 0.0
 
@@ -132,10 +132,10 @@ def test_result_fields_of_a_finished_and_a_failed_goal():
 def test_reports_round_trip_and_reject_garbage():
     result = Msg(success=True, error='', segment_count=2, response_time_s=0.2,
                  waiting_time_s=0.3, utility=1.0)
-    report = _convert.parse_report(_convert.result_report('drone_0', 'tello', result))
+    report = convert.parse_report(convert.result_report('drone_0', 'tello', result))
     assert report == {'robot_id': 'drone_0', 'robot_kind': 'tello', 'success': True,
                       'error': '', 'segment_count': 2, 'response_time_s': 0.2,
                       'waiting_time_s': 0.3, 'utility': 1.0}
-    assert json.loads(_convert.rejection_report('arm_0'))['error'] == 'rejected'
+    assert json.loads(convert.rejection_report('arm_0'))['error'] == 'rejected'
     with pytest.raises(ValueError):
-        _convert.parse_report('[1, 2]')
+        convert.parse_report('[1, 2]')

@@ -54,7 +54,7 @@ def _finish(engine: LlamaCppEngine, request_id: str, pause_after: tuple[int, ...
     emitted = 0
     for _ in range(4 * TOKENS):
         result = engine.step()
-        if request_id in result.tokens:
+        if request_id in result.text:
             emitted += 1
             if emitted in pause_after and request_id not in result.finished:
                 if evict is None:
@@ -97,7 +97,7 @@ def test_resume_keeps_kv_and_gives_identical_output(engine: LlamaCppEngine,
     swaps = engine.swap_outs + engine.swap_ins
     engine.run('paused')
     first = engine.step()
-    assert first.prefill_tokens == prompt and 'paused' in first.tokens
+    assert first.prefill_tokens == prompt and 'paused' in first.text
     engine.pause('paused')
     assert engine.running == ()
     engine.run('paused')
@@ -122,15 +122,15 @@ def test_concurrent_generations_share_one_decode_call(engine: LlamaCppEngine,
         engine.register(_request(f'batch{i}', prompt))
         engine.run(f'batch{i}')
     prefill = engine.step()
-    assert set(prefill.tokens) == {'batch0', 'batch1', 'batch2'}
+    assert set(prefill.text) == {'batch0', 'batch1', 'batch2'}
     calls = engine.decode_calls
     result = engine.step()
     assert result.prefill_tokens == 0 and result.batch_size == 3
-    assert set(result.tokens) == {'batch0', 'batch1', 'batch2'}
+    assert set(result.text) == {'batch0', 'batch1', 'batch2'}
     assert engine.decode_calls == calls + 1 and engine.last_decode_batch == 3
     # A decode mask: only one generation decodes, the others stay resident and idle.
     masked = engine.step(only={'batch1'})
-    assert set(masked.tokens) == {'batch1'} and masked.batch_size == 1
+    assert set(masked.text) == {'batch1'} and masked.batch_size == 1
     assert set(engine.running) == {'batch0', 'batch1', 'batch2'}
     while engine.running:
         engine.step()
@@ -187,7 +187,7 @@ def test_prompts_of_a_kind_joining_together_share_the_first_ones_prefix(
     engine.run('follow')
     first = engine.step()
     lead, follow = len(engine.tokenize(PROMPT)), len(engine.tokenize(other))
-    assert set(first.tokens) == {'lead', 'follow'}
+    assert set(first.text) == {'lead', 'follow'}
     assert 0 < first.prefix_cached_tokens < follow
     assert first.prefill_tokens == lead + follow - first.prefix_cached_tokens
     while engine.running:
@@ -223,7 +223,7 @@ def test_force_script_feeds_the_trace_tokens() -> None:
     finished = None
     for _ in range(40):
         result = engine.step()
-        pieces.append(result.tokens.get('forced', ''))
+        pieces.append(result.text.get('forced', ''))
         if 'forced' in result.finished:
             finished = result.finished['forced']
             break
@@ -273,8 +273,8 @@ def test_scheduler_cuts_segments_at_the_right_token() -> None:
 
 
 def test_small_fleet_through_the_scheduler() -> None:
-    from lrtrace.workloads import resolve_workload
     from timelyllm_ros.simulation import simulate
+    from timelyllm_ros.workloads import resolve_workload
 
     _, tasks = resolve_workload('wid1', seed=0)
     tasks = sorted(tasks, key=lambda t: t.arrival_time)[:5]
@@ -340,7 +340,7 @@ def test_full_kv_cache_preempts_the_latest_generation() -> None:
     engine.release('early')
     engine.run('late')
     result = engine.step()
-    assert 'late' in result.tokens and result.prefill_tokens == 0
+    assert 'late' in result.text and result.prefill_tokens == 0
     assert len(engine.token_ids('late')) == kept + 1 and engine.swap_ins == 1
     with pytest.raises(EngineError, match='does not fit the context'):
         engine.register(_request('huge', prompt='word ' * 300))
@@ -361,3 +361,25 @@ def test_gemma3_resume_swap_and_recompute_are_identical() -> None:
         assert _finish(engine, name, pause_after=(3, 6), evict=evict) == reference, name
     assert engine.prefix_hit_tokens > 0 and engine.swap_ins == 2
     engine.close()
+
+
+def test_step_results_carry_the_token_ids_and_stats_count_them() -> None:
+    engine = _engine()
+    engine.register(_request('ids'))
+    engine.run('ids')
+    ids: list[int] = []
+    text = ''
+    while 'ids' in engine.running:
+        result = engine.step()
+        assert result.produced('ids') == len(result.token_ids.get('ids', ()))
+        ids.extend(result.token_ids.get('ids', ()))
+        text += result.text.get('ids', '')
+    assert tuple(ids) == engine.token_ids('ids') and 0 < len(ids) <= TOKENS
+    assert b''.join(engine.piece(t) for t in ids).decode('utf-8', 'replace') == text
+    stats = engine.stats()
+    assert stats.model == 'SmolLM2-135M-Instruct.Q4_1' and stats.hardware == 'cpu'
+    assert stats.steps == engine.steps > 0 and stats.busy_s > 0
+    assert stats.kv_capacity_tokens == 4096 and stats.kv_bytes_per_token > 0
+    assert engine.supports('evict') and not engine.supports('compress_kv')
+    engine.close()
+    engine.close()                                    # idempotent

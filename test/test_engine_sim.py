@@ -135,20 +135,20 @@ def test_prefill_then_decode_then_eos() -> None:
     assert engine.running == ('a',)
     first = engine.step()
     # the prefill iteration computes the prompt and yields the first piece
-    assert first.tokens == {'a': 'mf'} and first.finished == {}
+    assert first.text == {'a': 'mf'} and first.finished == {}
     assert first.prefill_tokens == 100 and first.batch_size == 1
     assert first.duration_s == CAL.prefill_s(100)
     pieces, durations = [], []
     for _ in range(3):
         result = engine.step()
         assert result.prefill_tokens == 0 and result.finished == {}
-        pieces.append(result.tokens['a'])
+        pieces.append(result.text['a'])
         durations.append(result.duration_s)
     assert pieces == ['(', '50', ')']
     # decode: one sequence holding 101, 102, 103 tokens
     assert durations == [CAL.decode_s(1, 101), CAL.decode_s(1, 102), CAL.decode_s(1, 103)]
     last = engine.step()
-    assert last.tokens == {} and last.finished == {'a': 'eos'}
+    assert last.text == {} and last.finished == {'a': 'eos'}
     assert last.duration_s == CAL.decode_s(1, 104)
     assert engine.running == ()
     assert engine.steps == 5
@@ -160,9 +160,9 @@ def test_max_tokens_gives_length() -> None:
     engine = SimulatedEngine()
     engine.register(_request('a', max_tokens=2))
     engine.run('a')
-    assert engine.step().tokens == {'a': 'mf'}
+    assert engine.step().text == {'a': 'mf'}
     result = engine.step()
-    assert result.tokens == {'a': '('} and result.finished == {'a': 'length'}
+    assert result.text == {'a': '('} and result.finished == {'a': 'length'}
     assert engine.running == ()
 
 
@@ -171,7 +171,7 @@ def test_empty_script_finishes_at_once() -> None:
     engine.register(_request('a', script=None))
     engine.run('a')
     result = engine.step()
-    assert result.tokens == {} and result.finished == {'a': 'eos'}
+    assert result.text == {} and result.finished == {'a': 'eos'}
 
 
 def test_prefill_stalls_other_decodes() -> None:
@@ -182,11 +182,11 @@ def test_prefill_stalls_other_decodes() -> None:
     engine.register(_request('b', prompt_tokens=500))
     engine.run('b')
     stalled = engine.step()
-    assert stalled.tokens == {'b': 'mf'}            # 'a' produced nothing this iteration
+    assert stalled.text == {'b': 'mf'}            # 'a' produced nothing this iteration
     assert stalled.duration_s == CAL.prefill_s(500)
     assert stalled.prefill_tokens == 500 and stalled.batch_size == 2
     both = engine.step()
-    assert both.tokens == {'a': '(', 'b': '('}
+    assert both.text == {'a': '(', 'b': '('}
     # context: a holds 101, b holds 501
     assert both.duration_s == CAL.decode_s(2, 602)
     assert engine.decode_step_s(2) == CAL.decode_s(2, 2 * (102 + 502) // 2)
@@ -209,7 +209,7 @@ def test_pause_keeps_kv_resume_costs_nothing() -> None:
     assert engine.run_cost_s('a') == 0.0
     engine.run('a')
     result = engine.step()
-    assert result.prefill_tokens == 0 and result.tokens == {'a': '('}
+    assert result.prefill_tokens == 0 and result.text == {'a': '('}
     assert result.duration_s == CAL.decode_s(1, 101)
 
 
@@ -231,8 +231,8 @@ def test_eviction_to_host_then_swap_in() -> None:
     engine.run('a')
     result = engine.step()
     assert result.duration_s == pytest.approx(65 * 0.01 / 1000)
-    assert result.prefill_tokens == 0 and result.tokens == {}   # swap-in iteration only
-    assert engine.step().tokens == {'a': '('}
+    assert result.prefill_tokens == 0 and result.text == {}   # swap-in iteration only
+    assert engine.step().text == {'a': '('}
 
 
 def test_eviction_drops_when_host_full_then_reprefill() -> None:
@@ -252,7 +252,7 @@ def test_eviction_drops_when_host_full_then_reprefill() -> None:
     engine.run('a')
     result = engine.step()
     assert result.prefill_tokens == 65 and result.duration_s == pytest.approx(0.0065)
-    assert result.tokens == {'a': '('}                # continues where it stopped
+    assert result.text == {'a': '('}                # continues where it stopped
 
 
 def test_prefix_caching() -> None:
@@ -398,3 +398,19 @@ def test_kv_pause_of_non_gpu_is_noop() -> None:
 
 def test_calibration_model_type() -> None:
     assert isinstance(CAL, Calibration)
+
+
+def test_the_simulator_declares_its_capabilities_and_reports_stats() -> None:
+    engine = SimulatedEngine()
+    assert all(engine.supports(c) for c in ('evict', 'compress_kv', 'scripted_plans'))
+    assert not engine.supports('grammar')
+    engine.register(EngineRequest('a', 'p', 10, 5, script=('mf', '(', '5', '0', ')')))
+    engine.run('a')
+    produced = [engine.step() for _ in range(3)]
+    assert [r.token_ids for r in produced] == [{'a': (0,)}, {'a': (1,)}, {'a': (2,)}]
+    stats = engine.stats()
+    assert stats.steps == 3 and stats.busy_s == pytest.approx(sum(r.duration_s for r in produced))
+    assert stats.model == engine.calibration.model and stats.hardware.startswith('simulated ')
+    assert engine.kv_accounting() is engine.kv and engine.cost_model() is engine.calibration
+    with engine:
+        pass                                          # a context manager; close() is a no-op

@@ -54,7 +54,7 @@ def _solo(engine: TransformersEngine, request_id: str, prompt: str,
     engine.run(request_id)
     text = ''
     while request_id in engine.running:
-        text += engine.step().tokens.get(request_id, '')
+        text += engine.step().text.get(request_id, '')
     ids = engine.token_ids(request_id)
     engine.release(request_id)
     return ids, text
@@ -82,7 +82,7 @@ def _interleaved(engine: TransformersEngine, prompts: tuple[str, ...], max_token
         if rng.random() < 0.2 and len(engine.running) > 1:
             only = set(rng.sample(list(engine.running), len(engine.running) - 1))
         result = engine.step(only)
-        for request_id, piece in result.tokens.items():
+        for request_id, piece in result.text.items():
             texts[request_id] += piece
         done.update(result.finished)
         for request_id in list(engine.running):
@@ -146,7 +146,7 @@ def test_pause_keeps_the_cache_no_prefill_on_resume(tiny: TransformersEngine) ->
     tiny.run('p')
     resumed = tiny.step()
     assert resumed.prefill_tokens == 0 and resumed.prefix_cached_tokens == kept
-    assert 'p' in resumed.tokens and resumed.batch_size == 1
+    assert 'p' in resumed.text and resumed.batch_size == 1
     # dropped KV is recomputed from the kept token ids
     tiny.evict('p', 'none')
     assert tiny.run_cost_s('p') > 0
@@ -176,7 +176,7 @@ def test_forced_script_feeds_the_trace_tokens(tiny: TransformersEngine) -> None:
     text, finished = '', None
     for _ in range(100):
         result = tiny.step()
-        text += result.tokens.get('f', '')
+        text += result.text.get('f', '')
         if 'f' in result.finished:
             finished = result.finished['f']
             break

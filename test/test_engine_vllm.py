@@ -64,8 +64,8 @@ def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 
     while request_id in engine.running:
         result = engine.step()
         results.append(result)
-        if request_id in result.tokens:
-            text += result.tokens[request_id]
+        if request_id in result.text:
+            text += result.text[request_id]
             produced += 1
             if (cut_every and produced % cut_every == 0
                     and request_id not in result.finished):
@@ -79,11 +79,11 @@ def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 
 def test_resume_is_identical_and_served_from_the_prefix_cache(engine: VllmEngine) -> None:
     ids, text, _ = _generate(engine, 'solo', 'find the toy under the bed')
     assert text and len(ids) == 16
-    before = engine.stats
+    before = engine.resume_stats
     cut_ids, cut_text, results = _generate(engine, 'cut', 'find the toy under the bed',
                                            cut_every=4)
     assert (cut_ids, cut_text) == (ids, text)
-    after = engine.stats
+    after = engine.resume_stats
     resumes = after['resumes'] - before['resumes']
     assert resumes == 3
     prompt = after['resume_prompt_tokens'] - before['resume_prompt_tokens']
@@ -113,7 +113,7 @@ def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
             break
         result = engine.step()
         usage = max(usage, engine.usage.kv_cache_usage)
-        for request_id, piece in result.tokens.items():
+        for request_id, piece in result.text.items():
             texts[request_id] += piece
             if texts[request_id].endswith(');') and request_id == 'f1':
                 engine.pause(request_id)      # cut at the first skill, resume next step
@@ -139,7 +139,7 @@ def test_admission_stays_with_the_caller(engine: VllmEngine) -> None:
     with pytest.raises(EngineError, match='leaves KV placement'):
         engine.evict('a0', 'host')
     result = engine.step(only={'a0'})                     # the others idle, not decoding
-    assert set(result.tokens) <= {'a0'} and engine.running == ('a0', 'a1', 'a2', 'a3')
+    assert set(result.text) <= {'a0'} and engine.running == ('a0', 'a1', 'a2', 'a3')
     for i in range(5):
         engine.release(f'a{i}')
     assert engine.running == ()

@@ -117,7 +117,7 @@ def test_a_failing_run_leaves_the_candidate_queued_nowhere() -> None:
 def test_preempt_failure_ends_only_that_goal() -> None:
     class PreemptFirst(type(create_policy('timelyllm'))):  # type: ignore[misc]
         def preempt(self, ctx):  # type: ignore[no-untyped-def]
-            return {g.task_id: 'keep' for g in ctx.running[:1]}
+            return {g.task_id: 'keep' for g in list(ctx.running)[:1]}
 
     engine = FaultInjectingEngine(SimulatedEngine(), {'pause': 1.0})
     scheduler = Scheduler(PreemptFirst(), engine, SimClock())

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from timelyllm_ros import segmenter as segmenter_module
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.errors import GoalError, ProfileError, RobotError
-from timelyllm_ros.nodes import _convert
+from timelyllm_ros.nodes import convert
 from timelyllm_ros.profiles import (
     PROFILES_DIR,
     available_profiles,
@@ -140,18 +140,18 @@ def test_statements_from_text_raises_only_goal_errors():
     for text in ['1{' * 400 + 'tp()' + '}' * 400, '9' * 5000 + '{tp()}', 'd(nan)',
                  '?mf(50){tp()}', 'x' * 10_000, '\udc80', '\x00']:
         with pytest.raises(GoalError) as info:
-            _convert.statements_from_text(TELLO, text)
+            convert.statements_from_text(TELLO, text)
         assert len(str(info.value)) < 400
     msg = SimpleNamespace(index=0, text='d(nan)', generated_stamp=SimpleNamespace(sec=0,
                           nanosec=0), estimated_execution_s=0.0, is_last=True)
     with pytest.raises(GoalError):
-        _convert.segment_from_msg(TELLO, msg)
+        convert.segment_from_msg(TELLO, msg)
     msg.text, msg.estimated_execution_s = 'tp()', math.nan
     with pytest.raises(GoalError, match='estimated execution time'):
-        _convert.segment_from_msg(TELLO, msg)
+        convert.segment_from_msg(TELLO, msg)
     msg.estimated_execution_s, msg.index = 0.0, 'x'
     with pytest.raises(GoalError, match='unreadable segment message: ValueError'):
-        _convert.segment_from_msg(TELLO, msg)
+        convert.segment_from_msg(TELLO, msg)
 
 
 # --- property: arbitrary text in arbitrary pieces, every bundled profile ------------------------
@@ -377,7 +377,7 @@ def test_paths_given_on_purpose_still_load(tmp_path):
 
 
 def test_bundled_traces_still_segment():
-    from lrtrace.traces import DERIVED_TRACES, load_trace_set
+    from timelyllm_ros.traces import DERIVED_TRACES, load_trace_set
 
     traces = load_trace_set(DERIVED_TRACES)
     assert traces.traces
@@ -409,7 +409,7 @@ def test_bundled_traces_still_segment():
 ])
 def test_parse_task_turns_every_bad_message_into_a_goal_error(message, reason):
     with pytest.raises(GoalError, match=reason.replace('(', r'\(')) as info:
-        _convert.parse_task(message)
+        convert.parse_task(message)
     assert len(str(info.value)) < 300
 
 
@@ -417,9 +417,9 @@ def test_parse_task_last_resort(monkeypatch):
     def broken(text: str) -> object:
         raise MemoryError
 
-    monkeypatch.setattr(_convert, '_load_json', broken)
+    monkeypatch.setattr(convert, '_load_json', broken)
     with pytest.raises(GoalError, match='unreadable task message: MemoryError'):
-        _convert.parse_task('{"task": "x"}')
+        convert.parse_task('{"task": "x"}')
 
 
 _JSONISH = st.text(alphabet='{}[]":,0123456789.eE-+ abtaskufrgencyid_NIn\\', max_size=120)
@@ -434,10 +434,10 @@ _JSONISH = st.text(alphabet='{}[]":,0123456789.eE-+ abtaskufrgencyid_NIn\\', max
     max_leaves=12).map(json.dumps))
 def test_parse_task_raises_only_goal_errors(message):
     try:
-        request = _convert.parse_task(message)
+        request = convert.parse_task(message)
     except GoalError:
         return
-    assert request.task.strip() and len(request.task) <= _convert.MAX_TASK_CHARS
+    assert request.task.strip() and len(request.task) <= convert.MAX_TASK_CHARS
     assert request.urgency in ('', 'normal', 'urgent', 'chatbot')
     if request.tuf is not None:
         assert all(math.isfinite(v) for v in (request.tuf.beta, request.tuf.ert_s,
@@ -451,7 +451,7 @@ def test_goal_from_msg_refuses_paths_and_bad_text():
         base.update(fields)
         return SimpleNamespace(**base)
 
-    assert _convert.goal_from_msg(goal()).robot_kind == 'tello'
+    assert convert.goal_from_msg(goal()).robot_kind == 'tello'
     for fields, reason in [({'robot_kind': '/tmp/x.yaml'}, 'invalid robot kind'),
                            ({'robot_kind': '../../evil'}, 'invalid robot kind'),
                            ({'robot_kind': 'a' * 300}, 'invalid robot kind'),
@@ -460,6 +460,6 @@ def test_goal_from_msg_refuses_paths_and_bad_text():
                            ({'urgency': 'panic'}, 'unknown urgency'),
                            ({'robot_id': None}, 'robot id must be text')]:
         with pytest.raises(GoalError, match=reason):
-            _convert.goal_from_msg(goal(**fields))
+            convert.goal_from_msg(goal(**fields))
     with pytest.raises(GoalError, match='unreadable goal: AttributeError'):
-        _convert.goal_from_msg(SimpleNamespace(robot_id='x'))
+        convert.goal_from_msg(SimpleNamespace(robot_id='x'))

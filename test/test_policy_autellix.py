@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from utils import make_spec
 
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.clock import SimClock
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, StepResult
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, EvictTo, StepResult
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies import POLICIES, create_policy
@@ -23,12 +22,15 @@ from timelyllm_ros.policies.base import Policy
 from timelyllm_ros.request import Generation, TaskStatus
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.simulation import simulate
+from timelyllm_ros.workloads import resolve_workload
 
 
 # -- a unit-step engine: every iteration is 1 s and emits one piece per running generation ----
 class UnitEngine(Engine):
     """Decode steps are the time unit (the paper's toy example): no prefill iteration, no KV
     limit but the batch cap; evicting only takes a generation out of the batch."""
+
+    capabilities = frozenset({'evict'})
 
     def __init__(self, max_num_seqs: int) -> None:
         self._scripts: dict[str, tuple[str, ...]] = {}
@@ -65,6 +67,10 @@ class UnitEngine(Engine):
     def decode_step_s(self, batch_size: int) -> float:
         return 1.0
 
+    def stats(self) -> EngineStats:
+        return EngineStats(model='unit steps', hardware='none', steps=len(self.batch_sizes),
+                           busy_s=float(len(self.batch_sizes)))
+
     @property
     def running(self) -> tuple[str, ...]:
         return tuple(self._running)
@@ -86,7 +92,7 @@ class UnitEngine(Engine):
             self._running.pop(request_id)
         self.batch_sizes.append(len(tokens))
         assert len(tokens) <= self._max
-        return StepResult(duration_s=1.0, tokens=tokens, finished=finished,  # type: ignore[arg-type]
+        return StepResult(duration_s=1.0, text=tokens, finished=finished,  # type: ignore[arg-type]
                           batch_size=len(tokens))
 
 

@@ -122,7 +122,7 @@ def test_preempted_generation_requeues_and_resumes_to_the_same_plan(
     scheduler.tick()                                               # one decode step
     policy.preempt_once = {'a': where}
     policy.mask = set()                                            # an empty mask means all
-    scheduler.decide = lambda: []  # type: ignore[method-assign]   # keep it out for a tick
+    scheduler.decide = lambda ctx=None: []  # type: ignore[method-assign]   # keep it out for a tick
     scheduler.tick()
     assert generation.status == TaskStatus.WAITING and generation.preemptions == 1
     assert 'a' in scheduler.queue and engine.running == ()
@@ -176,7 +176,7 @@ def test_engine_capability_errors() -> None:
         engine.evict('nope', 'host')
 
     class NoCapabilities(SimulatedEngine):
-        supports_kv_compression = False
+        capabilities = frozenset()
         evict = SimulatedEngine.__mro__[1].evict                   # the Engine default
         compress_kv = SimulatedEngine.__mro__[1].compress_kv
 
@@ -189,6 +189,7 @@ def test_engine_capability_errors() -> None:
 
 def test_preempt_on_an_engine_that_cannot_evict_keeps_the_kv() -> None:
     class NoEvict(SimulatedEngine):
+        capabilities = SimulatedEngine.capabilities - {'evict'}
         evict = SimulatedEngine.__mro__[1].evict
 
     policy = Recording()
@@ -196,7 +197,7 @@ def test_preempt_on_an_engine_that_cannot_evict_keeps_the_kv() -> None:
     generation = scheduler.submit(make_spec('a'))
     scheduler.tick()
     policy.preempt_once = {'a': 'none'}
-    scheduler.decide = lambda: []  # type: ignore[method-assign]
+    scheduler.decide = lambda ctx=None: []  # type: ignore[method-assign]
     scheduler.tick()
     assert scheduler.engine.kv.location('a') == 'gpu'
     assert generation.preemptions == 1

@@ -9,7 +9,6 @@ import math
 import pytest
 from utils import make_spec, tiny_calibration
 
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
@@ -24,6 +23,7 @@ from timelyllm_ros.predictors import OracleLengthPredictor, TufClassUrgency
 from timelyllm_ros.request import TaskSpec, TaskStatus
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.simulation import simulate
+from timelyllm_ros.workloads import resolve_workload
 
 
 class Recorded(SemanticPolicy):

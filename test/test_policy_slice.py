@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from utils import make_spec
 
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.sim import SimulatedEngine
@@ -31,6 +30,7 @@ from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import Scheduler
 from timelyllm_ros.simulation import simulate
 from timelyllm_ros.tuf import NORMAL
+from timelyllm_ros.workloads import resolve_workload
 
 TABLE_S = tuple(ms / 1000 for ms in SLICE_CODE_STEP_TABLE_MS)
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from utils import make_spec, tiny_calibration
 
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.sim import SimulatedEngine
@@ -22,16 +21,20 @@ from timelyllm_ros.policies.timebill import (
     TimeBillSkipNextPolicy,
     decode_time_s,
     optimal_evict_ratio,
-    trace_length_predictor,
     unclamped_evict_ratio,
     wcet_s,
 )
-from timelyllm_ros.predictors import BucketLengthPredictor, OracleLengthPredictor
+from timelyllm_ros.predictors import (
+    BucketLengthPredictor,
+    OracleLengthPredictor,
+    bundled_length_predictor,
+)
 from timelyllm_ros.queue import GenerationQueue
 from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import Scheduler
 from timelyllm_ros.simulation import simulate
 from timelyllm_ros.tuf import NORMAL, URGENT, Tuf
+from timelyllm_ros.workloads import resolve_workload
 
 # ETE coefficients for the closed-form tests: p = 0.1 ms per context token, q = 20 ms.
 P, Q, N_X, N_W, PREFILL = 1e-4, 0.02, 2000, 64, 0.2
@@ -131,9 +134,9 @@ def test_generous_and_impossible_budgets_clamp_alpha() -> None:
 
 
 def test_length_prediction_uses_the_shared_predictor_and_pessimistic_factor() -> None:
-    predictor = trace_length_predictor()
+    predictor = bundled_length_predictor()
     assert isinstance(predictor, BucketLengthPredictor)
-    assert predictor is trace_length_predictor()        # fitted once
+    assert predictor is bundled_length_predictor()        # fitted once
     policy = TimeBillPolicy()
     spec = make_spec('a')
     Scheduler(policy, SimulatedEngine(), SimClock()).submit(spec)
@@ -239,7 +242,7 @@ def test_skip_next_covers_a_release_while_the_overrun_ends_in_the_same_tick() ->
 
 def test_engine_without_kv_compression_falls_back_to_order_and_overruns() -> None:
     class NoCompression(SimulatedEngine):
-        supports_kv_compression = False
+        capabilities = SimulatedEngine.capabilities - {'compress_kv'}
 
     policy = TimeBillPolicy(budget_s=0.05)
     scheduler = Scheduler(policy, NoCompression(), SimClock())

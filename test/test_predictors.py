@@ -8,8 +8,6 @@ from dataclasses import replace
 import pytest
 from utils import make_spec
 
-from lrtrace.traces import load_trace_set
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.predictors import (
     BucketLengthPredictor,
     KeywordUrgencyClassifier,
@@ -20,7 +18,9 @@ from timelyllm_ros.predictors import (
     length_errors,
     length_examples,
 )
+from timelyllm_ros.traces import load_trace_set
 from timelyllm_ros.tuf import NORMAL, URGENT, Tuf
+from timelyllm_ros.workloads import resolve_workload
 
 CLASS_LEVEL = {'urgent': 0, 'normal': 1, 'arm': 1, 'chatbot': 2}
 

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from timelyllm_ros.engines.scripts import TraceScripts
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.service import PlanGoal, PlannerService, script_for
+from timelyllm_ros.service import PlanGoal, PlannerService
 from timelyllm_ros.tuf import Tuf
 
 CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
@@ -115,12 +116,13 @@ def test_urgent_goal_is_served_before_queued_normal_ones(service):
     assert sum(r.segments[0][0] < first_urgent for r in normal) < len(normal)
 
 
-def test_script_for_prefers_the_matching_trace_then_the_class():
-    assert script_for(PlanGoal('d', 'tello', CAT), 'normal').task_type == 'T1'
-    urgent = script_for(PlanGoal('d', 'tello', 'unseen emergency'), 'urgent')
+def test_the_simulator_prefers_the_matching_trace_then_the_class():
+    scripts = TraceScripts()
+    assert scripts.plan_for('tello', CAT, 'normal').task_type == 'T1'
+    urgent = scripts.plan_for('tello', 'unseen emergency', 'urgent')
     assert urgent.task_type in {'T6', 'T7', 'T8'}
     with pytest.raises(GoalError, match='no recorded plan'):
-        script_for(PlanGoal('d', 'rover', 'go'), 'normal')
+        scripts.plan_for('rover', 'go', 'normal')
 
 
 def test_state_reports_queue_and_priorities(service):

@@ -11,14 +11,6 @@ import numpy as np
 import pytest
 from utils import make_scheduler, make_spec
 
-from lrtrace.workloads import (
-    AUTHORS_WORKLOADS,
-    WorkloadSpec,
-    generate_tasks,
-    load_authors_workload,
-    parse_composition,
-    resolve_workload,
-)
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.errors import WorkloadError
 from timelyllm_ros.metrics import TaskMetrics, aggregate, group_by, task_metrics
@@ -27,6 +19,14 @@ from timelyllm_ros.request import TaskStatus
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.simulation import SimulationResult, simulate
 from timelyllm_ros.tuf import NORMAL, Tuf
+from timelyllm_ros.workloads import (
+    AUTHORS_WORKLOADS,
+    WorkloadSpec,
+    generate_tasks,
+    load_authors_workload,
+    parse_composition,
+    resolve_workload,
+)
 
 COMM = SchedulerConfig().comm_s
 HOT = WorkloadSpec(name='hot', eps=1.0, max_tpe=8, trace_ids=list(range(1, 9)), agents=25,

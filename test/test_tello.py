@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lrtrace.traces import approx_tokenize
 from timelyllm_ros.clock import WallClock
 from timelyllm_ros.errors import RobotError
 from timelyllm_ros.profiles import RobotProfile, load_profile
@@ -23,6 +22,7 @@ from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.emulators.tello import TelloEmulator, main
 from timelyllm_ros.robots.executor import SegmentExecution, SkillExecutor
 from timelyllm_ros.segmenter import SkillCall, Statement, segment_pieces, segment_text
+from timelyllm_ros.traces import approx_tokenize
 
 FAST = 0.01                    # 100x faster than a real drone
 _hosts = itertools.count(20)
@@ -400,11 +400,11 @@ _OPEN_AND_HOLD = """
 import sys
 from timelyllm_ros.clock import WallClock
 from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.robots.factory import open_backend
-backend, close = open_backend(load_profile('tello'), 'emulator', None, WallClock())
+from timelyllm_ros.robots.factory import open_robot
+robot = open_robot(load_profile('tello'), 'emulator', None, WallClock())
 print('ok', flush=True)
 sys.stdin.read()
-close()
+robot.close()
 """
 
 

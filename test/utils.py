@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from lrtrace.traces import approx_tokenize
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.request import TaskSpec
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.traces import approx_tokenize
 from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 

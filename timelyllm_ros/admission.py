@@ -30,10 +30,10 @@ can still earn utility first) is the policy's, untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from timelyllm_ros.engines.base import Engine
+from timelyllm_ros.engines.base import EngineView
 from timelyllm_ros.request import Generation
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
@@ -41,12 +41,16 @@ LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionContext:
-    """What an admission test may look at."""
+    """What an admission test (and every policy hook) may look at: built once per tick.
+
+    ``running`` is a live view of the batch: it follows admissions and preemptions within the
+    tick. Read it; never keep it.
+    """
 
     now: float                                  # s
     comm_s: float                               # one-way network latency (s)
-    engine: Engine
-    running: Sequence[Generation]               # generations in the batch
+    engine: EngineView                          # read-only: policies never drive the engine
+    running: Collection[Generation]             # generations in the batch (live view)
     max_batch: int                              # batch cap of this run
     recent_step_s: float | None                 # observed decode-step time, None before any
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from timelyllm_ros.clock import SimClock
-from timelyllm_ros.engines import create_engine
+from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.errors import EngineError, PolicyError
 from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
 from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
@@ -43,7 +44,7 @@ class EngineOptions:
     name: str = 'sim'                               # engine name for create_engine
     options: tuple[tuple[str, object], ...] = ()    # extra keyword options of a real engine
 
-    def build(self):  # type: ignore[no-untyped-def]
+    def build(self) -> Engine:
         if self.name == 'sim':
             return create_engine('sim', calibration=self.calibration,
                                  prefix_caching=self.prefix_caching)
@@ -54,9 +55,7 @@ class EngineOptions:
             engine = create_engine(self.name, **options)
         except TypeError as err:       # an option this engine does not take
             raise EngineError(f'engine {self.name!r}: {err}') from None
-        warmup = getattr(engine, 'warmup', None)
-        if callable(warmup):
-            warmup()          # first-call allocations stay out of the measured run
+        engine.warmup()          # first-call allocations stay out of the measured run
         return engine
 
     def describe(self) -> dict[str, object]:
@@ -68,7 +67,7 @@ class EngineOptions:
                 **{k: v for k, v in self.options}}
 
 
-def run_summary(result: SimulationResult) -> dict[str, object]:
+def run_summary(result: SimulationResult) -> dict[str, Any]:
     rows = [task_metrics(g) for g in result.generations]
     batches = result.batch_sizes
     return {
@@ -98,16 +97,17 @@ def run_bench(
     engine: EngineOptions | None = None,
     batch_sizes: Sequence[int] = (),
     progress: Callable[[str], None] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Run every policy on the tasks; write summary.json, tasks.csv and the figures."""
     config = config or SchedulerConfig()
     engine = engine or EngineOptions()
     out.mkdir(parents=True, exist_ok=True)
+    per_policy: dict[str, dict[str, Any]] = {}
     summary: dict[str, object] = {
         'workload': workload, 'seed': seed, 'tasks': len(tasks),
         'comm_s': config.comm_s, 'max_batch': config.max_batch,
         'engine': engine.describe(),
-        'policies': {},
+        'policies': per_policy,
     }
     rows: list[dict[str, object]] = []
     by_type: dict[str, dict[str, dict[str, float | int]]] = {}
@@ -117,12 +117,11 @@ def run_bench(
         if progress:
             progress(policy)
         result = simulate(tasks, policy, seed=seed, config=config, engine=engine.build())
-        policy_summary = run_summary(result)
-        summary['policies'][policy] = policy_summary  # type: ignore[index]
-        by_type[policy] = policy_summary['by_type']  # type: ignore[assignment]
-        by_class[policy] = {**policy_summary['by_class'],  # type: ignore[dict-item]
-                            'overall': policy_summary['overall']}
-        classes.update(policy_summary['by_class'])  # type: ignore[arg-type]
+        policy_summary: dict[str, Any] = run_summary(result)
+        per_policy[policy] = policy_summary
+        by_type[policy] = policy_summary['by_type']
+        by_class[policy] = {**policy_summary['by_class'], 'overall': policy_summary['overall']}
+        classes.update(policy_summary['by_class'])
         for generation in result.generations:
             rows.append({'policy': policy, **as_row(task_metrics(generation))})
     if batch_sizes:

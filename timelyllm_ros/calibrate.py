@@ -159,10 +159,8 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         command: the command line, recorded in ``source``.
     """
     say = progress or (lambda _label: None)
-    warm = getattr(engine, 'warmup', None)
-    if callable(warm):
-        say('warm-up')
-        warm()
+    say('warm-up')
+    engine.warmup()
     say('prefill')
     prefill = measure_prefill(engine, lengths, repeats)
     decode: list[tuple[int, float]] = []
@@ -179,13 +177,11 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     measure_swap(engine, context_words)
     base_ms = dict(decode).get(1, decode[0][1])
     per_token = max(0.0, (long_ms - base_ms) / max(1, long_context - reference))
-    simulated = getattr(engine, 'calibration', None)    # the simulator: keep its KV figures
-    kv_bytes = int(getattr(engine, 'kv_bytes_per_token', 0)
-                   or getattr(simulated, 'kv_bytes_per_token', 0) or 0)
-    kv_tokens = int(getattr(engine, 'kv_tokens', 0) or getattr(engine, 'kv_budget_tokens', 0)
-                    or getattr(simulated, 'gpu_kv_tokens', 0) or 0)
-    swap_bytes = float(getattr(engine, 'swap_bytes', 0) or 0)
-    swap_s = float(getattr(engine, 'swap_s', 0) or 0)
+    stats = engine.stats()
+    kv_bytes = stats.kv_bytes_per_token
+    kv_tokens = stats.kv_capacity_tokens
+    swap_bytes = float(stats.swap_bytes)
+    swap_s = stats.swap_s
     swap_ms_per_token = (swap_s * 1000.0 / (swap_bytes / kv_bytes)
                          if swap_bytes and kv_bytes else 0.0)
     if not swap_ms_per_token and kv_bytes:

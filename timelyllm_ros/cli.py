@@ -13,57 +13,17 @@ from pathlib import Path
 
 from timelyllm_ros.errors import run_command
 from timelyllm_ros.scheduler import SchedulerConfig
-
-_TABLE_METRICS = (('tasks', 'tasks', '{:d}'), ('completed', 'done', '{:d}'),
-                  ('utility_mean', 'utility', '{:.3f}'), ('utility_max', 'max', '{:.2f}'),
-                  ('response_time_mean_s', 'response s', '{:.3f}'),
-                  ('waiting_time_mean_s', 'waiting s', '{:.3f}'),
-                  ('completion_time_mean_s', 'completion s', '{:.2f}'))
-
-
-def _fmt(value: object, pattern: str) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return '-'
-    return pattern.format(value)
-
-
-def format_table(title: str, rows: dict[str, dict[str, object]], label: str) -> str:
-    """A plain-text table: one row per group, the summary metrics as columns."""
-    header = [label, *(h for _, h, _ in _TABLE_METRICS)]
-    body = [[name, *(_fmt(m.get(k), p) for k, _, p in _TABLE_METRICS)]
-            for name, m in rows.items()]
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = [title, '  '.join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ['  '.join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-    return '\n'.join(lines)
-
-
-def format_matrix(title: str, results: dict[str, dict[str, object]], metric: str,
-                  sections: Sequence[str] = ('by_type', 'by_class')) -> str:
-    """Rows = task types and/or classes, then overall; columns = policies; cells = one metric."""
-    policies = list(results)
-    first = next(iter(results.values()))
-    groups = [(section, g) for section in sections
-              for g in first[section]] + [('overall', 'overall')]  # type: ignore[union-attr]
-    with_max = metric == 'utility_mean'
-    header = ['', *policies, *(['max'] if with_max else [])]
-    body = []
-    for section, group in groups:
-        blocks = {p: results[p][section] if section == 'overall'
-                  else results[p][section].get(group, {})  # type: ignore[union-attr]
-                  for p in policies}
-        row = [group, *(_fmt(blocks[p].get(metric), '{:.3f}') for p in policies)]
-        if with_max:
-            row.append(_fmt(blocks[policies[0]].get('utility_max'), '{:.2f}'))
-        body.append(row)
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    lines = [title, '  '.join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ['  '.join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in body]
-    return '\n'.join(lines)
+from timelyllm_ros.tables import (
+    format_value,
+    metrics_matrix,
+    metrics_table,
+    summary_tables,
+    text_table,
+)
 
 
 def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from lrtrace.workloads import resolve_workload
+    from timelyllm_ros.workloads import resolve_workload
 
     name, tasks = resolve_workload(args.workload, seed=args.seed,
                                    workload_file=args.workload_file, composition=args.compose)
@@ -118,14 +78,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = simulate(tasks, args.policy, seed=args.seed, config=_config(args),
                       engine=engine.build())
     summary = run_summary(result)
-    print(format_table('per task class', summary['by_class'], 'class'))  # type: ignore[arg-type]
-    print(format_table('per task type', summary['by_type'], 'type'))  # type: ignore[arg-type]
-    print(format_table('overall', {'all': summary['overall']}, ''))  # type: ignore[dict-item]
+    print(summary_tables(summary))
     run = summary['run']
-    print(f"simulated {run['sim_time_s']:.1f} s in {run['wall_time_s']:.2f} s wall "  # type: ignore[index]
-          f"({run['speedup']:.0f}x real time), {run['engine_iterations']} engine iterations, "  # type: ignore[index]
-          f"mean batch {run['mean_batch_size']:.2f}, "  # type: ignore[index]
-          f"{run['decision_ms_mean']:.3f} ms deciding per iteration")  # type: ignore[index]
+    print(f"simulated {run['sim_time_s']:.1f} s in {run['wall_time_s']:.2f} s wall "
+          f"({run['speedup']:.0f}x real time), {run['engine_iterations']} engine iterations, "
+          f"mean batch {run['mean_batch_size']:.2f}, "
+          f"{run['decision_ms_mean']:.3f} ms deciding per iteration")
     for spec, reason in result.rejected:
         print(f'rejected {spec.task_id}: {reason}')
     failed = [g for g in result.generations if g.error]
@@ -150,10 +108,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                              or policies)
     with tqdm(total=steps, desc=f'bench {name}', unit='run', disable=args.quiet,
               file=sys.stderr) as bar:
+        started = False
+
         def progress(label: str) -> None:
+            nonlocal started
             bar.set_postfix_str(label)
-            bar.update(0 if bar.n == 0 and not getattr(progress, 'started', False) else 1)
-            progress.started = True  # type: ignore[attr-defined]
+            bar.update(1 if started else 0)
+            started = True
 
         summary = run_bench(name, tasks, policies, Path(args.out), seed=args.seed,
                             config=_config(args),
@@ -162,19 +123,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bar.update(steps - bar.n)
     print(f'workload {name}: {len(tasks)} tasks, seed {args.seed}, engine {args.engine}, '
           f"prefix caching {'off' if args.no_prefix_cache else 'on'}")
-    for policy, result in summary['policies'].items():  # type: ignore[union-attr]
+    for policy, result in summary['policies'].items():
         rows = {**result['by_class'], 'overall': result['overall']}
-        print(format_table(f'[{policy}]', rows, 'class'))
-    results = summary['policies']  # type: ignore[index]
+        print(metrics_table(f'[{policy}]', rows, 'class'))
+    results = summary['policies']
     for key, label in (('utility_mean', 'time utility'),
                        ('response_time_mean_s', 'response time (s)'),
                        ('waiting_time_mean_s', 'robot waiting time (s)')):
-        print(format_matrix(f'{label} per task type', results, key))
+        print(metrics_matrix(f'{label} per task type', results, key))
     for key in COMPARED_METRICS:
-        print(format_matrix(f'{METRIC_LABELS.get(key, key)} per task class', results, key,
+        print(metrics_matrix(f'{METRIC_LABELS.get(key, key)} per task class', results, key,
                             sections=('by_class',)))
     print('scheduling overhead (ms deciding per engine iteration): ' + ', '.join(
-        f"{p} {r['run']['decision_ms_mean']:.3f}" for p, r in results.items()))  # type: ignore[union-attr]
+        f"{p} {r['run']['decision_ms_mean']:.3f}" for p, r in results.items()))
     if 'batch_sweep' in summary:
         print('batch sweep (overall utility):', json.dumps(summary['batch_sweep']))
     print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures')
@@ -236,10 +197,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     command = ''
     if Path(sys.argv[0]).name == 'timelyllm' and sys.argv[1:2] == ['calibrate']:
         command = 'timelyllm ' + shlex.join(sys.argv[1:])
-    simulated = getattr(engine, 'calibration', None)
-    model = (args.label or getattr(engine, 'model_label', None)
-             or getattr(simulated, 'model', None) or args.model or args.engine)
-    hardware = f'simulated {simulated.gpu}' if simulated is not None else None
+    stats = engine.stats()
+    model = args.label or stats.model or args.model or args.engine
+    hardware = stats.hardware if engine.supports('scripted_plans') else None
     lengths = [int(x) for x in args.prefill_tokens.split(',')]
     batches = [int(x) for x in args.batch_sizes.split(',')]
 
@@ -292,20 +252,17 @@ def cmd_seg_overhead(args: argparse.Namespace) -> int:
     header = ['trace', 'whole ms', 'segmented ms', 'overhead ms', 'overhead %', 'resumes',
               'prefix reuse', 'identical']
     rows = [[t, f"{r['whole_ms']:.1f}", f"{r['segmented_ms']:.1f}", f"{r['overhead_ms']:.1f}",
-             _fmt(r['overhead_pct'], '{:.2f}'), str(r['resumes']),
-             _fmt(r['prefix_reuse'], '{:.3f}'), str(r['identical'])]
+             format_value(r['overhead_pct'], '{:.2f}'), str(r['resumes']),
+             format_value(r['prefix_reuse'], '{:.3f}'), str(r['identical'])]
             for t, r in results.items()]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    print(f'segmentation overhead, engine {args.engine}')
-    for row in [header, *rows]:
-        print('  '.join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    print(text_table(header, rows, title=f'segmentation overhead, engine {args.engine}'))
     for t, r in results.items():
         print(f'trace {t} output: {r["output"]!r}')
     return 0
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from lrtrace.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
+    from timelyllm_ros.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
 
     for spec in BUILTIN_WORKLOADS.values():
         print(f'{spec.name:14} {spec.description} (EPS {spec.eps}, max TPE {spec.max_tpe}, '

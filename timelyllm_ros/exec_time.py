@@ -14,6 +14,7 @@ segment is generated in time even when the robot is at its fastest (paper §4.3)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import numpy as np
@@ -35,16 +36,16 @@ class ConstantTime(_Model):
     kind: Literal['constant'] = 'constant'
     seconds: float = Field(ge=0.0)
 
-    def min_s(self, args: dict[str, object]) -> float:
+    def min_s(self, args: Mapping[str, object]) -> float:
         return self.seconds
 
-    def mean_s(self, args: dict[str, object]) -> float:
+    def mean_s(self, args: Mapping[str, object]) -> float:
         return self.seconds
 
-    def max_s(self, args: dict[str, object]) -> float:
+    def max_s(self, args: Mapping[str, object]) -> float:
         return self.seconds
 
-    def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
+    def sample_s(self, args: Mapping[str, object], rng: np.random.Generator) -> float:
         return self.seconds
 
 
@@ -61,7 +62,7 @@ class ParametricTime(_Model):
     coefficients: list[float] = Field(min_length=1)
     floor_s: float = Field(default=0.0, ge=0.0, description='Lower bound of the prediction.')
 
-    def _x(self, args: dict[str, object]) -> float:
+    def _x(self, args: Mapping[str, object]) -> float:
         values = []
         for name in self.argument.split(','):
             value = args.get(name.strip())
@@ -75,16 +76,16 @@ class ParametricTime(_Model):
             total = total * x + coefficient
         return max(self.floor_s, total)
 
-    def min_s(self, args: dict[str, object]) -> float:
+    def min_s(self, args: Mapping[str, object]) -> float:
         return self.at(self._x(args))
 
-    def mean_s(self, args: dict[str, object]) -> float:
+    def mean_s(self, args: Mapping[str, object]) -> float:
         return self.at(self._x(args))
 
-    def max_s(self, args: dict[str, object]) -> float:
+    def max_s(self, args: Mapping[str, object]) -> float:
         return self.at(self._x(args))
 
-    def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
+    def sample_s(self, args: Mapping[str, object], rng: np.random.Generator) -> float:
         return self.at(self._x(args))
 
 
@@ -105,18 +106,18 @@ class SampledTime(_Model):
             raise ValueError('uniform must be [low, high] with 0 <= low <= high')
         return self
 
-    def min_s(self, args: dict[str, object]) -> float:
+    def min_s(self, args: Mapping[str, object]) -> float:
         return min(self.samples) if self.samples is not None else self.uniform[0]  # type: ignore[index]
 
-    def mean_s(self, args: dict[str, object]) -> float:
+    def mean_s(self, args: Mapping[str, object]) -> float:
         if self.samples is not None:
             return float(np.mean(self.samples))
         return (self.uniform[0] + self.uniform[1]) / 2  # type: ignore[index]
 
-    def max_s(self, args: dict[str, object]) -> float:
+    def max_s(self, args: Mapping[str, object]) -> float:
         return max(self.samples) if self.samples is not None else self.uniform[1]  # type: ignore[index]
 
-    def sample_s(self, args: dict[str, object], rng: np.random.Generator) -> float:
+    def sample_s(self, args: Mapping[str, object], rng: np.random.Generator) -> float:
         if self.samples is not None:
             return float(self.samples[int(rng.integers(len(self.samples)))])
         low, high = self.uniform  # type: ignore[misc]
@@ -141,9 +142,10 @@ def fit_parametric(
     """Fit ``seconds ~ poly(x)`` by least squares (degree 1 = linear in distance/angle)."""
     if len(xs) != len(seconds) or len(xs) <= degree:
         raise ValueError(f'need more than {degree} paired samples to fit degree {degree}')
-    coefficients = np.polynomial.polynomial.polyfit(np.abs(xs), seconds, degree)
+    polyfit = np.polynomial.polynomial.polyfit
+    fit = polyfit(np.abs(xs), seconds, degree)  # type: ignore[no-untyped-call]  # unannotated
     return ParametricTime(
-        argument=argument, coefficients=[float(c) for c in coefficients], source=source
+        argument=argument, coefficients=[float(c) for c in fit], source=source
     )
 
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from timelyllm_ros.plan import SkillCall, Statement
 from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import SkillCall, Statement
 
 
 def _condition(statement: Statement) -> SkillCall | None:

@@ -20,10 +20,10 @@ Two seams, each a :class:`~typing.Protocol` so that any object with the one meth
   bag-of-words model: one multinomial naive-Bayes vote per word) from labelled task lines --
   the stand-in for the paper's DistilBERT classifier, which cannot be downloaded here.
 
-Training inputs are duck-typed so that this core module does not import :mod:`lrtrace`: a
-:class:`~timelyllm_ros.request.TaskSpec` with a ``script`` (its length = ``len(script)``), an
-lrtrace ``Trace`` (``pieces``, ``task_type``, ``robot``) or an lrtrace ``TraceSet``
-(``traces``).
+Training inputs are task specs with a ``script`` (its length = ``len(script)``), traces or
+a trace set (:mod:`timelyllm_ros.traces`); :func:`bundled_length_predictor` is the bucket
+predictor fitted once on the bundled trace set (TimeBill, SLICE and Semantic Scheduling use it
+by default).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.traces import Trace, TraceSet, load_trace_set
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 
 __all__ = [
@@ -95,21 +97,20 @@ def true_length(spec: TaskSpec) -> int:
     return len(spec.script)
 
 
-def length_examples(items: Any) -> list[LengthExample]:
-    """Training examples from task specs, lrtrace traces or a trace set (or a mix of them).
+def length_examples(items: TraceSet | Iterable[TaskSpec | Trace]) -> list[LengthExample]:
+    """Training examples from task specs, traces or a trace set (or a mix of them).
 
     Raises:
         ValueError: an item is none of those, or a spec has no script.
     """
-    if hasattr(items, 'traces') and not isinstance(items, TaskSpec):
+    if isinstance(items, TraceSet):
         items = items.traces
     examples: list[LengthExample] = []
     for item in items:
         if isinstance(item, TaskSpec):
             examples.append(LengthExample(item.task_type, item.profile, true_length(item)))
-        elif hasattr(item, 'pieces') and hasattr(item, 'task_type') and hasattr(item, 'robot'):
-            examples.append(LengthExample(str(item.task_type), str(item.robot),
-                                          len(item.pieces)))
+        elif isinstance(item, Trace):
+            examples.append(LengthExample(item.task_type, item.robot, len(item.pieces)))
         else:
             raise ValueError(f'cannot learn an output length from {type(item).__name__}')
     return examples
@@ -383,8 +384,8 @@ class _NaiveBayes:
             ) -> _NaiveBayes:
         vocabulary = {w for d in documents for w in d}
         counts: dict[int, Counter[str]] = defaultdict(Counter)
-        for words, label in zip(documents, labels, strict=True):
-            counts[label].update(words)
+        for document, label in zip(documents, labels, strict=True):
+            counts[label].update(document)
         n = len(labels)
         share = Counter(labels)
         log_prior = {k: math.log(share[k] / n) for k in share}
@@ -407,3 +408,9 @@ class _NaiveBayes:
             return self.log_prior[label] + sum(table.get(w, unseen) for w in words)
 
         return max(sorted(self.log_prior), key=lambda label: (score(label), -label))
+
+
+@lru_cache(maxsize=1)
+def bundled_length_predictor() -> BucketLengthPredictor:
+    """The bucket predictor fitted on the bundled trace set (fitted once per process)."""
+    return BucketLengthPredictor.fit(load_trace_set())

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from timelyllm_ros.queue import Column
 
-def waiting_time(now: float, ref: np.ndarray, g: np.ndarray, comm_s: float) -> np.ndarray:
+
+def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
     """W(s_k; t): waiting time of the segment if its generation starts at ``now``."""
     return np.maximum(now + g + comm_s - ref, 0.0)
 
 
-def pud_priority(now: float, ref: np.ndarray, ert: np.ndarray, beta: np.ndarray,
-                 alpha: np.ndarray, g: np.ndarray, comm_s: float) -> np.ndarray:
+def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
+                 alpha: Column, g: Column, comm_s: float) -> Column:
     """Eq. 4 with the slack L defined in the module docstring."""
     wait = waiting_time(now, ref, g, comm_s)
     utility = alpha * (wait - ert)
@@ -41,12 +43,13 @@ def pud_priority(now: float, ref: np.ndarray, ert: np.ndarray, beta: np.ndarray,
     return np.where(utility > 0.0, utility / slack, utility)
 
 
-def artifact_priority(now: float, ref: np.ndarray, ert: np.ndarray, beta: np.ndarray,
-                      alpha: np.ndarray, g: np.ndarray, comm_s: float) -> np.ndarray:
+def artifact_priority(now: float, ref: Column, ert: Column, beta: Column,
+                      alpha: Column, g: Column, comm_s: float) -> Column:
     """The authors' artifact: ``(α·max(0, Δ) + β)·exp(min(0, Δ))``, Δ = t + G + comm − need.
 
     Segments needed later are discounted exponentially by their slack; late ones are ranked
     by the utility they still have. ``need`` is ``ref + ert``.
     """
     delta = now + g + comm_s - (ref + ert)
-    return (alpha * np.maximum(delta, 0.0) + beta) * np.exp(np.minimum(delta, 0.0))
+    discounted: Column = (alpha * np.maximum(delta, 0.0) + beta) * np.exp(np.minimum(delta, 0.0))
+    return discounted

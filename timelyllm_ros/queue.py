@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.request import Generation
 
 _COLUMNS = ('arrival', 'ref_time', 'ert', 'ert0', 'beta', 'alpha', 'g', 'seq', 'first')
+
+Column = NDArray[np.float64]   # one value per queued generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,15 +32,15 @@ class QueueView:
     expected generation time G of one segment, ``first`` 1.0 for an initial generation.
     """
 
-    arrival: np.ndarray
-    ref_time: np.ndarray
-    ert: np.ndarray
-    ert0: np.ndarray
-    beta: np.ndarray
-    alpha: np.ndarray
-    g: np.ndarray
-    seq: np.ndarray
-    first: np.ndarray
+    arrival: Column
+    ref_time: Column
+    ert: Column
+    ert0: Column
+    beta: Column
+    alpha: Column
+    g: Column
+    seq: Column
+    first: Column
     comm_s: float
 
     def __len__(self) -> int:
@@ -99,4 +102,4 @@ class GenerationQueue:
     def view(self, comm_s: float) -> QueueView:
         n = len(self._items)
         columns = self._data[:, :n]
-        return QueueView(*columns, comm_s=comm_s)  # type: ignore[arg-type]
+        return QueueView(*columns, comm_s=comm_s)  # type: ignore[misc]  # 9 rows, 9 columns

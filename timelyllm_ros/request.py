@@ -6,7 +6,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from timelyllm_ros.segmenter import SkillCall, Statement
+from timelyllm_ros.plan import SkillCall, Statement
 from timelyllm_ros.tuf import Tuf
 
 

@@ -1,12 +1,13 @@
 """The TimelyLLM scheduler loop (paper 000 §3–§4): one decision, one engine step, per tick.
 
-Each :meth:`Scheduler.tick`:
+Each :meth:`Scheduler.tick` first decides (:meth:`Scheduler.schedule`, which returns the
+tick's :class:`Decision`, as vLLM's scheduler returns a ``SchedulerOutput``), then executes:
 
 1. ends the generations the policy kills and takes out of the batch those it preempts
    (optional policy hooks, see :mod:`timelyllm_ros.policies.base`);
 2. refreshes the priority of every queued generation (initial and suspended) at the current
    time and admits the best ones while the policy's admission test allows (:meth:`decide`);
-3. runs one engine iteration (over the policy's decode mask, if it has one);
+3. asks the policy for its decode mask, then runs one engine iteration over it;
 4. feeds each new token piece to its generation's segmenter; when a segment is cut it is
    dispatched to the robot (streaming policies) and the generation is suspended with its
    token ids and KV kept (segmented policies), re-entering the queue with the time the robot
@@ -24,14 +25,14 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from timelyllm_ros.admission import AdmissionContext
 from timelyllm_ros.clock import Clock
-from timelyllm_ros.engines.base import Engine, EngineRequest, StepResult
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineView, StepResult
 from timelyllm_ros.errors import (
     ConfigError,
     EngineError,
@@ -40,11 +41,12 @@ from timelyllm_ros.errors import (
     describe_error,
 )
 from timelyllm_ros.execution import estimate_max_s, estimate_min_s
-from timelyllm_ros.policies.base import Policy
+from timelyllm_ros.plan import Statement
+from timelyllm_ros.policies.base import Eviction, Policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.queue import GenerationQueue
 from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
-from timelyllm_ros.segmenter import Cut, Segmenter, Statement
+from timelyllm_ros.segmenter import Cut, Segmenter
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,18 @@ class Dispatch:
     segment: Segment
 
 
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one tick decided before its engine iteration (task ids)."""
+
+    time: float                                      # s on the scheduler clock
+    killed: tuple[str, ...] = ()                     # ended by the policy (TimeBill's Kill)
+    preempted: Mapping[str, Eviction] = field(default_factory=dict)  # out of the batch: KV
+    admitted: tuple[str, ...] = ()                   # joined the batch
+    refused: tuple[str, ...] = ()                    # could not start: ended as FAILED
+    decode_mask: frozenset[str] | None = None        # decode only these (None: all running)
+
+
 @dataclass(slots=True)
 class TickResult:
     """What one tick did."""
@@ -94,6 +108,7 @@ class TickResult:
     batch_size: int = 0                                       # generations in the iteration
     dispatches: list[Dispatch] = field(default_factory=list)  # segments to send now
     ended: list[Generation] = field(default_factory=list)     # reached a terminal status
+    decision: Decision | None = None                          # what the tick decided
 
 
 class Scheduler:
@@ -117,6 +132,7 @@ class Scheduler:
     ) -> None:
         self.policy = policy
         self.engine = engine
+        self.engine_view = EngineView(engine)   # all that policies see of the engine
         self.clock = clock
         self.config = config or SchedulerConfig()
         self._load_profile = profiles
@@ -292,7 +308,29 @@ class Scheduler:
         segment reported since, which :meth:`expire_overdue` then skips."""
         return self._deadlines[0][0] if self._deadlines else None
 
-    def decide(self) -> list[Generation]:
+    def schedule(self, out: TickResult | None = None, ctx: AdmissionContext | None = None
+                 ) -> Decision:
+        """Decide this tick: the policy's kills and preemptions, admission, the decode mask.
+
+        One admission context serves the whole decision (its running generations are a live
+        view of the batch). Goals that end here are added to ``out`` (else reported by the
+        next tick).
+        """
+        out = out if out is not None else self._refused
+        ctx = ctx if ctx is not None else self._context(self.clock.now())
+        killed, preempted = self._steer(ctx, out)
+        refused_before = len(self._refused.ended)
+        admitted = self.decide(ctx)
+        refused = tuple(g.task_id for g in self._refused.ended[refused_before:])
+        if out is not self._refused:
+            out.ended.extend(self._refused.ended)
+            self._refused.ended.clear()
+        mask = self.policy.decode_mask(ctx) if self._running else None
+        return Decision(time=ctx.now, killed=killed, preempted=preempted,
+                        admitted=tuple(g.task_id for g in admitted), refused=refused,
+                        decode_mask=frozenset(mask) if mask is not None else None)
+
+    def decide(self, ctx: AdmissionContext | None = None) -> list[Generation]:
         """Refresh priorities, then admit the best queued generations while allowed.
 
         A candidate the engine fails to start (any exception) or that cannot fit even in an
@@ -304,7 +342,8 @@ class Scheduler:
         n = len(self.queue)
         if n == 0:
             return admitted
-        now = self.clock.now()
+        ctx = ctx if ctx is not None else self._context(self.clock.now())
+        now = ctx.now
         cap = self._cap
         if len(self._running) >= cap:
             return admitted
@@ -317,7 +356,6 @@ class Scheduler:
             if len(ties) > 1:
                 row = int(ties[np.argmin(seq[ties])])
             candidate = self.queue.at(row)
-            ctx = self._context(now)
             try:
                 admit = self.policy.admit(candidate, ctx)   # may ask the engine (can_run)
                 fits_alone = admit or bool(self._running) or self.engine.can_run(
@@ -344,17 +382,21 @@ class Scheduler:
             n -= 1
             priorities[row] = priorities[n]
             candidate.status = TaskStatus.RUNNING
+            if self.engine.supports('compress_kv') and candidate.tokens == 0:
+                self._compress(candidate, ctx)   # asked with the batch it joins, before it joins
             self._running[candidate.task_id] = candidate
             admitted.append(candidate)
-            if self.engine.supports_kv_compression and candidate.tokens == 0:
-                ratio = self.policy.kv_evict_ratio(candidate, ctx)
-                if ratio:
-                    try:
-                        self.engine.compress_kv(candidate.task_id, ratio)
-                    except Exception as err:  # noqa: BLE001 - the full KV is kept
-                        logger.warning('KV compression of %s failed, kept the full KV: %s',
-                                       candidate.task_id, err)
         return admitted
+
+    def _compress(self, candidate: Generation, ctx: AdmissionContext) -> None:
+        """Hand the engine the share of the prompt's KV the policy evicts (TimeBill's α)."""
+        ratio = self.policy.kv_evict_ratio(candidate, ctx)
+        if ratio:
+            try:
+                self.engine.compress_kv(candidate.task_id, ratio)
+            except Exception as err:  # noqa: BLE001 - the full KV is kept
+                logger.warning('KV compression of %s failed, kept the full KV: %s',
+                               candidate.task_id, err)
 
     def tick(self) -> TickResult:
         """One decision and one engine iteration; returns what to send to robots."""
@@ -362,16 +404,13 @@ class Scheduler:
         out = TickResult()
         out.ended.extend(self.expire_overdue())
         started = time.perf_counter()
-        self._steer(out)
-        self.decide()
-        out.ended.extend(self._refused.ended)
-        self._refused.ended.clear()
-        mask = self.policy.decode_mask(self._context(self.clock.now())) if self._running else None
+        ctx = self._context(self.clock.now())
+        decision = out.decision = self.schedule(out, ctx)
         self.decision_s += time.perf_counter() - started
         if not self._running:
             return out
         try:
-            result = self.engine.step(mask)
+            result = self.engine.step(decision.decode_mask)
         except Exception as err:  # noqa: BLE001 - the iteration's generations fail, not the loop
             logger.error('engine step failed: %s', err)
             for generation in list(self._running.values()):
@@ -382,21 +421,22 @@ class Scheduler:
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
         self._note_speed(result)
         now = self.clock.now()
-        stepped = [self._running[r] for r in dict.fromkeys((*result.tokens, *result.finished))
+        stepped = [self._running[r] for r in dict.fromkeys((*result.text, *result.finished))
                    if r in self._running]   # once each, even with a token and a finish
-        self.policy.on_step(result, stepped, self._context(now))
-        for task_id, piece in result.tokens.items():
-            generation = self._running.get(task_id)
-            if generation is not None:
-                self._isolated(generation, out, self._on_token, generation, piece, now, out)
+        self.policy.on_step(result, stepped, replace(ctx, now=now))
+        for task_id, piece in result.text.items():
+            producing = self._running.get(task_id)
+            if producing is not None:
+                self._isolated(producing, out, self._on_token, producing, piece,
+                               result.produced(task_id), now, out)
         for task_id, reason in result.finished.items():
-            generation = self.generations.get(task_id)
-            if generation is not None and not generation.status.terminal:
-                self._isolated(generation, out, self._on_finish, generation, reason, now, out)
+            finishing = self.generations.get(task_id)
+            if finishing is not None and not finishing.status.terminal:
+                self._isolated(finishing, out, self._on_finish, finishing, reason, now, out)
         for task_id in result.preempted:
-            generation = self._running.pop(task_id, None)
-            if generation is not None:
-                self._requeue_preempted(generation)
+            preempted = self._running.pop(task_id, None)
+            if preempted is not None:
+                self._requeue_preempted(preempted)
         return out
 
     def _isolated(self, generation: Generation, out: TickResult,
@@ -410,29 +450,34 @@ class Scheduler:
                 self._end(generation, TaskStatus.FAILED,
                           f'internal error while handling its output: {describe_error(err)}', out)
 
-    def _on_token(self, generation: Generation, piece: str, now: float,
+    def _on_token(self, generation: Generation, piece: str, produced: int, now: float,
                   out: TickResult) -> None:
-        generation.tokens += 1
-        generation.segment_tokens += 1
+        generation.tokens += produced
+        generation.segment_tokens += produced
         cut = self._segmenters[generation.task_id].feed(piece)
         if cut is not None:
             self._on_cut(generation, cut, now, out)
 
-    def _steer(self, out: TickResult) -> None:
-        """Apply the policy's kills and preemptions before this tick's admission."""
-        ctx = self._context(self.clock.now())
+    def _steer(self, ctx: AdmissionContext, out: TickResult
+               ) -> tuple[tuple[str, ...], dict[str, Eviction]]:
+        """Apply the policy's kills and preemptions before this tick's admission; returns the
+        goals killed and the generations preempted."""
+        killed: list[str] = []
         for task_id, reason in self.policy.overruns(ctx).items():
             generation = self.generations.get(task_id)
             if generation is not None and generation.status < TaskStatus.GENERATED:
                 self._end(generation, TaskStatus.KILLED, reason, out)
-        preempt = self.policy.preempt(self._context(self.clock.now()))
+                killed.append(task_id)
+        preempted: dict[str, Eviction] = {}
+        preempt = self.policy.preempt(ctx)
         for task_id, where in preempt.items():
             generation = self._running.get(task_id)
             if generation is None:
-                if where != 'keep' and task_id in self.queue:
+                if where != 'keep' and task_id in self.queue and self.engine.supports('evict'):
                     # A queued generation whose KV is still resident: evict it, keep it queued.
                     try:
                         self.engine.evict(task_id, where)
+                        preempted[task_id] = where
                     except Exception as err:  # noqa: BLE001 - engines that cannot evict keep KV
                         logger.debug('evicting queued %s failed: %s', task_id, err)
                 continue
@@ -445,16 +490,16 @@ class Scheduler:
                 continue
             del self._running[task_id]
             self._requeue_preempted(generation)
+            preempted[task_id] = where
+        return tuple(killed), preempted
 
-    def _take_out(self, task_id: str, where: str) -> None:
-        """Take a generation out of the engine's batch, evicting its KV where asked."""
-        if where != 'keep':
-            try:
-                self.engine.evict(task_id, where)  # type: ignore[arg-type]
-                return
-            except EngineError:
-                pass                             # engines that cannot evict keep the KV
-        self.engine.pause(task_id)
+    def _take_out(self, task_id: str, where: Eviction) -> None:
+        """Take a generation out of the engine's batch, evicting its KV where asked (engines
+        that cannot evict keep it)."""
+        if where != 'keep' and self.engine.supports('evict'):
+            self.engine.evict(task_id, where)
+        else:
+            self.engine.pause(task_id)
 
     def _requeue_preempted(self, generation: Generation) -> None:
         generation.preemptions += 1
@@ -467,8 +512,8 @@ class Scheduler:
 
     def _context(self, now: float) -> AdmissionContext:
         return AdmissionContext(
-            now=now, comm_s=self.config.comm_s, engine=self.engine,
-            running=list(self._running.values()), max_batch=self._cap,
+            now=now, comm_s=self.config.comm_s, engine=self.engine_view,
+            running=self._running.values(), max_batch=self._cap,
             recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
             urgency_tie_s=self._segment_generation_s, queued=self.queue.generations)
 
@@ -588,13 +633,19 @@ class Scheduler:
 
     # -- helpers ----------------------------------------------------------------------------
     def _note_speed(self, result: StepResult) -> None:
-        if result.prefill_tokens or not result.tokens:
+        """Smooth the time per decoded token: an iteration's duration, divided by the tokens
+        each generation got from it where an engine produces several per iteration."""
+        if result.prefill_tokens or not result.text:
             return
+        step_s = result.duration_s
+        produced = sum(result.produced(r) for r in result.text)
+        if produced > len(result.text):
+            step_s = result.duration_s * len(result.text) / produced
         weight = self.config.step_smoothing
         if self.recent_step_s is None:
-            self.recent_step_s = result.duration_s
+            self.recent_step_s = step_s
         else:
-            self.recent_step_s = weight * result.duration_s + (1 - weight) * self.recent_step_s
+            self.recent_step_s = weight * step_s + (1 - weight) * self.recent_step_s
 
     def profile(self, name: str) -> RobotProfile:
         """A robot profile by name, loaded once per scheduler."""

@@ -33,7 +33,7 @@ class GenerationRun:
 
     engine_s: float                     # engine iterations, as the engine reports them (s)
     host_s: float                       # wall time of the pause/resume calls (s)
-    output: tuple[int, ...] | str       # output token ids (or text if the engine has none)
+    output: tuple[int, ...]             # output token ids, as the engine's steps gave them
     text: str                           # the output text
     cuts: int                           # segment boundaries met
     resumes: int                        # pause/resume cycles done (segmented run)
@@ -60,6 +60,7 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
     segmenter = Segmenter(profile)
     engine_s = host_s = 0.0
     pieces: list[str] = []
+    ids: list[int] = []
     cuts = resumes = served = recomputed = steps = 0
     resumed = False
     try:
@@ -76,7 +77,8 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
                 served += result.prefix_cached_tokens
                 recomputed += result.prefill_tokens
                 resumed = False
-            piece = result.tokens.get(request_id)
+            ids.extend(result.token_ids.get(request_id, ()))
+            piece = result.text.get(request_id)
             if piece is not None:
                 pieces.append(piece)
                 if segmenter.feed(piece) is not None:
@@ -90,19 +92,16 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
                         resumed = True
             if request_id in result.finished or request_id not in engine.running:
                 break
-        token_ids = getattr(engine, 'token_ids', None)
-        text = ''.join(pieces)
-        output = tuple(token_ids(request_id)) if callable(token_ids) else text
     finally:
         engine.release(request_id)
-    return GenerationRun(engine_s, host_s, output, text, cuts, resumes, served, recomputed,
-                         steps)
+    return GenerationRun(engine_s, host_s, tuple(ids), ''.join(pieces), cuts, resumes, served,
+                         recomputed, steps)
 
 
 def trace_request(trace, request_id: str, profile: RobotProfile,  # type: ignore[no-untyped-def]
                   max_tokens: int | None = None) -> EngineRequest:
     """The engine request of a trace: its task in its robot's prompt, its plan as script."""
-    from lrtrace.traces import approx_tokenize
+    from timelyllm_ros.traces import approx_tokenize
 
     task_tokens = min(len(approx_tokenize(trace.task)) + 4, trace.prompt_tokens)
     return EngineRequest(
@@ -132,7 +131,7 @@ def segmentation_overhead(
         WorkloadError: unknown trace id.
         EngineError: the engine failed.
     """
-    from lrtrace.traces import load_trace_set
+    from timelyllm_ros.traces import load_trace_set
 
     traces = load_trace_set()
     results: dict[str, dict[str, object]] = {}
@@ -160,7 +159,8 @@ def segmentation_overhead(
                              - statistics.median(r.engine_s for r in whole))
         served = sum(r.served_tokens for r in cut)
         recomputed = sum(r.recomputed_tokens for r in cut)
-        identical = all(r.output == whole[0].output for r in (*whole, *cut))
+        identical = all(r.output == whole[0].output and r.text == whole[0].text
+                        for r in (*whole, *cut))
         results[str(trace_id)] = {
             'overhead_ms': round((cut_s - whole_s) * 1000.0, 3),
             'overhead_pct': round(100.0 * (cut_s - whole_s) / whole_s, 3) if whole_s else None,
@@ -172,8 +172,7 @@ def segmentation_overhead(
             'whole_ms': round(whole_s * 1000.0, 3),
             'segmented_ms': round(cut_s * 1000.0, 3),
             'resumes': cut[0].resumes,
-            'output_tokens': (len(whole[0].output) if isinstance(whole[0].output, tuple)
-                              else None),
+            'output_tokens': len(whole[0].output),
             'output': whole[0].text,
         }
     return results

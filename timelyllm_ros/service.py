@@ -7,8 +7,9 @@ through an inbox, so callers never wait for an engine iteration. The loop thread
 scheduler: it drains the inbox (new goals, cancels, robot reports), ticks, and calls each
 goal's listener with every segment the moment it is cut and once when the goal ends.
 
-With the simulated engine the text of each plan comes from the trace set: the recorded plan
-of the trace whose task line matches the goal, else a trace of the same robot kind and class.
+With an engine that replays recorded plans (the simulator: ``scripted_plans``), the engine
+chooses each goal's plan (:meth:`~timelyllm_ros.engines.base.Engine.scripted_plan`) when the
+goal is made a task; other engines generate it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import itertools
 import logging
 import queue
 import threading
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +26,7 @@ import numpy as np
 
 from timelyllm_ros.clock import WallClock
 from timelyllm_ros.engines import Engine, create_engine
+from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, describe_error
 from timelyllm_ros.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import create_policy
@@ -58,39 +59,6 @@ class ServiceState:
     error: str = ''                 # why the service failed, or the last loop error
 
 
-@dataclass(frozen=True, slots=True)
-class PlanScript:
-    """What the simulated engine will answer for a goal."""
-
-    task_type: str
-    task_class: str
-    pieces: tuple[str, ...]
-    prompt_tokens: int
-    task_tokens: int
-
-
-def script_for(goal: PlanGoal, task_class: str) -> PlanScript:
-    """The recorded plan the simulated engine replays for a goal.
-
-    Raises:
-        GoalError: the trace set has no plan for this robot kind.
-    """
-    from lrtrace.traces import approx_tokenize, load_trace_set
-
-    traces = load_trace_set().traces
-    exact = [t for t in traces if t.robot == goal.robot_kind and t.task == goal.task]
-    candidates = exact or [t for t in traces if t.robot == goal.robot_kind
-                           and t.task_class == task_class] or [
-        t for t in traces if t.robot == goal.robot_kind]
-    if not candidates:
-        raise GoalError(f'the simulated engine has no recorded plan for robot kind '
-                        f'{goal.robot_kind!r} (record traces with lrtrace first)')
-    trace = candidates[zlib.crc32(goal.task.encode()) % len(candidates)]
-    task_tokens = min(len(approx_tokenize(goal.task)) + 4, trace.prompt_tokens)
-    return PlanScript(trace.task_type, trace.task_class, trace.pieces, trace.prompt_tokens,
-                      task_tokens)
-
-
 class PlannerService:
     """One scheduler + engine serving goals from many robots, live.
 
@@ -102,10 +70,9 @@ class PlannerService:
     == 'failed'``).
     """
 
-    def __init__(self, scheduler: Scheduler, simulated_text: bool = True,
-                 idle_wait_s: float = 0.05, max_loop_failures: int = 5) -> None:
+    def __init__(self, scheduler: Scheduler, idle_wait_s: float = 0.05,
+                 max_loop_failures: int = 5) -> None:
         self.scheduler = scheduler
-        self.simulated_text = simulated_text
         self._idle_wait_s = idle_wait_s
         self.max_loop_failures = max_loop_failures
         self._inbox: queue.Queue[tuple[str, tuple[object, ...]]] = queue.Queue()
@@ -115,7 +82,8 @@ class PlannerService:
         self._stop = threading.Event()
         self._accepting = threading.Lock()  # orders submits against the service's end
         self._thread: threading.Thread | None = None
-        self._state = ServiceState()
+        self._state = ServiceState()   # the last snapshot taken
+        self._last_batch_size = 0
         self._status: ServiceStatus = 'idle'
         self.loop_error: str = ''
         self.loop_failures = 0          # loop iterations that raised, in all
@@ -140,7 +108,7 @@ class PlannerService:
 
         config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch)
         scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
-        return cls(scheduler, simulated_text=engine == 'sim')
+        return cls(scheduler)
 
     # -- callers' side (any thread) ----------------------------------------------------------
     def make_spec(self, goal: PlanGoal) -> TaskSpec:
@@ -160,7 +128,8 @@ class PlannerService:
         except ProfileError as err:
             raise GoalError(f'unknown robot kind: {err}') from None
         task_class = goal.urgency if profile.kind != 'arm' else 'arm'
-        script = script_for(goal, task_class) if self.simulated_text else None
+        script: PlanScript | None = self.scheduler.engine.scripted_plan(
+            goal.robot_kind, goal.task, task_class)
         task_id = f'{goal.robot_id}#{next(self._ids)}'
         return TaskSpec(
             task_id=task_id, robot_id=goal.robot_id, profile=profile.name,
@@ -193,8 +162,20 @@ class PlannerService:
         """A robot's SegmentDone, in the service clock's seconds."""
         self._inbox.put(('report', (task_id, index, start_time, end_time, success, error)))
 
-    def state(self) -> ServiceState:
-        return self._state
+    def state(self, timeout_s: float = 1.0) -> ServiceState:
+        """A snapshot of the scheduler, taken when asked (by the loop thread while it runs, so
+        that it never reads the queue mid-change); the last one if the loop does not answer
+        within ``timeout_s``."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or threading.current_thread() is thread:
+            self._state = self._snapshot()
+            return self._state
+        reply: queue.Queue[ServiceState] = queue.Queue(maxsize=1)
+        self._inbox.put(('state', (reply,)))
+        try:
+            return reply.get(timeout=timeout_s)
+        except queue.Empty:
+            return self._state
 
     def now(self) -> float:
         return self.scheduler.clock.now()
@@ -231,10 +212,9 @@ class PlannerService:
         """One loop iteration: drain the inbox, then tick if there is work."""
         scheduler = self.scheduler
         self._drain(block and not scheduler.has_work)
-        batch_size = 0
         if scheduler.has_work:
             out = scheduler.tick()
-            batch_size = out.batch_size
+            self._last_batch_size = out.batch_size
             for dispatch in out.dispatches:
                 generation = scheduler.generations.get(dispatch.task_id)
                 if generation is not None:
@@ -248,7 +228,6 @@ class PlannerService:
             generation = scheduler.generations[task_id]
             if generation.status >= TaskStatus.GENERATED:
                 self._notify_end(generation)
-        self._state = self._snapshot(batch_size)
 
     def _run(self) -> None:
         consecutive = 0
@@ -283,11 +262,14 @@ class PlannerService:
                     break
                 if kind == 'submit':
                     self._refuse(args[0], args[2], reason)  # type: ignore[arg-type]
+                elif kind == 'state':
+                    self._handle(kind, args)
             for task_id in list(self._listeners):     # ended (e.g. in decide), not yet reported
-                generation = self.scheduler.generations.get(task_id)
-                if generation is not None:
-                    self._notify_end(generation)
-        self._state = self._snapshot(0)
+                unreported = self.scheduler.generations.get(task_id)
+                if unreported is not None:
+                    self._notify_end(unreported)
+        self._last_batch_size = 0
+        self._state = self._snapshot()
 
     def _drain(self, block: bool) -> None:
         try:
@@ -337,6 +319,11 @@ class PlannerService:
             (task_id,) = args
             if task_id in scheduler.generations:
                 self._notify_end(scheduler.cancel(str(task_id)))
+        elif kind == 'state':
+            (reply,) = args
+            assert isinstance(reply, queue.Queue)
+            self._state = self._snapshot()
+            reply.put_nowait(self._state)
         elif kind == 'report':
             task_id, index, start, end, success, error = args
             if task_id not in scheduler.generations:
@@ -382,7 +369,7 @@ class PlannerService:
         except Exception:  # noqa: BLE001 - a caller's listener must not stop the planner
             logger.exception('a goal listener raised')
 
-    def _snapshot(self, batch_size: int) -> ServiceState:
+    def _snapshot(self) -> ServiceState:
         scheduler = self.scheduler
         priorities: dict[str, float] = {}
         if len(scheduler.queue):
@@ -392,6 +379,7 @@ class PlannerService:
         executing = sum(1 for g in scheduler.generations.values()
                         if g.status == TaskStatus.GENERATED)
         return ServiceState(time=scheduler.clock.now(), queued=len(scheduler.queue),
-                            running=len(scheduler.engine.running), last_batch_size=batch_size,
+                            running=len(scheduler.engine.running),
+                            last_batch_size=self._last_batch_size,
                             priorities=priorities, executing=executing, status=self._status,
                             error=self.loop_error)

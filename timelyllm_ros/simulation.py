@@ -121,7 +121,7 @@ def simulate(
             progress(clock.now())
     generations = [g for g in scheduler.generations.values()]
     generations.sort(key=lambda g: g.seq)
-    busy = getattr(scheduler.engine, 'busy_s', float('nan'))
+    busy = scheduler.engine.stats().busy_s
     return SimulationResult(
         policy=policy, generations=generations, rejected=rejected, sim_time_s=clock.now(),
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,

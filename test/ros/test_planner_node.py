@@ -24,8 +24,8 @@ from std_msgs.msg import String  # noqa: E402
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.msg import SegmentDone, TimeUtility  # noqa: E402
 
-from timelyllm_ros.nodes import _convert  # noqa: E402
-from timelyllm_ros.nodes.lrtrace_nodes import LrtraceRecorderNode  # noqa: E402
+from lrtrace.nodes import LrtraceRecorderNode  # noqa: E402
+from timelyllm_ros.nodes import convert  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -59,7 +59,7 @@ class Robots(Node):
             events.append(('segment', time.monotonic(), segment.index, segment.text))
             if report:
                 now = time.time()
-                self.done_pub.publish(_convert.segment_done_to_msg(
+                self.done_pub.publish(convert.segment_done_to_msg(
                     robot_id, segment.goal_id, segment.index, now, now + 0.01, True, '',
                     SegmentDone, Time))
 

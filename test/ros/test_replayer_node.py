@@ -23,11 +23,11 @@ from rclpy.parameter import Parameter  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 from timelyllm_ros.msg import SegmentDone  # noqa: E402
 
-from lrtrace.traces import load_trace_set  # noqa: E402
-from timelyllm_ros.nodes import _convert  # noqa: E402
+from lrtrace.nodes import LrtraceReplayerNode  # noqa: E402
+from timelyllm_ros.nodes import convert  # noqa: E402
 from timelyllm_ros.nodes.controller import RobotControllerNode  # noqa: E402
-from timelyllm_ros.nodes.lrtrace_nodes import LrtraceReplayerNode  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
+from timelyllm_ros.traces import load_trace_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 
@@ -143,7 +143,7 @@ def test_a_busy_robot_queues_fifo_refuses_when_full_and_runs_one_plan_at_a_time(
         until(lambda: publisher.get_subscription_count() > 0, 10.0, 'the controller')
         book = load_trace_set().get(3).task        # mu(50);?iv('book')==True{tp()}: ~2.6 s
         for task_id in ('q1', 'q2', 'q3'):
-            publisher.publish(String(data=_convert.task_payload(book, task_id)))
+            publisher.publish(String(data=convert.task_payload(book, task_id)))
         until(lambda: len(probe.of(QUEUED)) >= 3, 60.0, 'three results')
     finally:
         executor.remove_node(node)
@@ -158,7 +158,7 @@ def test_a_busy_robot_queues_fifo_refuses_when_full_and_runs_one_plan_at_a_time(
         done = [d for d in probe.done if d.robot_id == QUEUED]
     spans: dict[str, tuple[float, float]] = {}
     for msg in done:
-        start, end = _convert.seconds(msg.start_stamp), _convert.seconds(msg.end_stamp)
+        start, end = convert.seconds(msg.start_stamp), convert.seconds(msg.end_stamp)
         low, high = spans.get(msg.goal_id, (start, end))
         spans[msg.goal_id] = (min(low, start), max(high, end))
     assert len(spans) == 2, spans                  # the refused task never became a goal

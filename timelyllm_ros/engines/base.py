@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol
 
 from timelyllm_ros.errors import EngineError
 
@@ -64,10 +64,16 @@ class KeptTokens:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What one engine iteration produced."""
+    """What one engine iteration produced.
+
+    A generation may produce one token per iteration or several (speculative decoding,
+    forced tokens): ``token_ids`` lists them all and ``text`` is their new text, so counts and
+    estimates never assume one token per step.
+    """
 
     duration_s: float                                          # time the iteration took (s)
-    tokens: dict[str, str] = field(default_factory=dict)       # request id -> new text piece
+    text: dict[str, str] = field(default_factory=dict)         # request id -> new text
+    token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)  # -> ids produced
     finished: dict[str, FinishReason] = field(default_factory=dict)  # request id -> why it ended
     preempted: tuple[str, ...] = ()                            # lost their KV: must be re-run
     prefill_tokens: int = 0                                    # tokens prefilled this step
@@ -75,9 +81,103 @@ class StepResult:
                                        # kept or cached KV instead of being prefilled
     batch_size: int = 0                                        # generations in the iteration
 
+    def produced(self, request_id: str) -> int:
+        """Tokens the generation produced in this iteration (one when an engine gives text
+        without ids)."""
+        ids = self.token_ids.get(request_id)
+        if ids is not None:
+            return len(ids)
+        return 1 if request_id in self.text else 0
+
+
+Capability = Literal['evict', 'compress_kv', 'grammar', 'scripted_plans']
+"""Optional operations; an engine lists the ones it has in :attr:`Engine.capabilities`.
+
+* ``evict`` -- :meth:`Engine.evict` moves a paused context's KV to host memory or drops it;
+* ``compress_kv`` -- :meth:`Engine.compress_kv` (TimeBill's α, SnapKV-style);
+* ``grammar`` -- the engine can constrain decoding to a grammar;
+* ``scripted_plans`` -- the engine replays recorded plans (:meth:`Engine.scripted_plan`)
+  instead of generating text: the simulator.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine reports about itself: identity, capacity and counters since it began."""
+
+    model: str                      # model label (file stem, repo id, calibration's model)
+    hardware: str                   # where it runs ('cpu', a GPU name, 'simulated <GPU>')
+    steps: int = 0                  # iterations run
+    busy_s: float = 0.0             # time spent in iterations (s; simulated for the simulator)
+    kv_capacity_tokens: int = 0     # KV cache size in tokens (0: unknown)
+    kv_bytes_per_token: int = 0     # KV bytes of one token, all layers (0: unknown)
+    swap_bytes: int = 0             # KV bytes restored from host memory so far
+    swap_s: float = 0.0             # time those restores took (s)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanScript:
+    """A recorded plan an engine with ``scripted_plans`` replays for a goal."""
+
+    task_type: str                  # the trace's id, e.g. 'T3'
+    task_class: str
+    pieces: tuple[str, ...]         # token pieces of the recorded plan
+    prompt_tokens: int
+    task_tokens: int                # of which the task line (the rest is a cacheable prefix)
+
+
+class KvAccounting(Protocol):
+    """Block-level KV accounting an engine may expose (read-only to its readers)."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def gpu_free(self) -> int:
+        """Free device blocks."""
+        ...
+
+    def blocks(self, tokens: int) -> int:
+        """Blocks that ``tokens`` tokens occupy."""
+        ...
+
+    def tokens(self, request_id: str) -> int:
+        """Tokens of a context (KeyError when unknown)."""
+        ...
+
+    def location(self, request_id: str) -> str:
+        """Where a context's KV is: ``'gpu'``, ``'host'`` or ``'none'`` (KeyError when
+        unknown)."""
+        ...
+
+
+class CostModel(Protocol):
+    """An engine's own latency model, for policies that price work before it runs."""
+
+    @property
+    def decode_ms_per_context_token(self) -> float:
+        """Decode-step time per attended context token (ms)."""
+        ...
+
+    def prefill_s(self, tokens: int) -> float:
+        """One prefill iteration over ``tokens`` new tokens (s)."""
+        ...
+
+    def swap_in_s(self, tokens: int) -> float:
+        """Restoring ``tokens`` tokens of KV from host memory (s)."""
+        ...
+
 
 class Engine(ABC):
-    """A continuous-batching engine that can pause a generation and resume it later."""
+    """A continuous-batching engine that can pause a generation and resume it later.
+
+    Optional operations are declared in :attr:`capabilities` and raise :class:`EngineError`
+    where absent. An engine holds a model and memory: :meth:`close` frees them (engines are
+    context managers).
+    """
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    lookahead_tokens: int = 0       # KV headroom a generation needs to join the batch
 
     @abstractmethod
     def register(self, request: EngineRequest) -> None:
@@ -112,26 +212,6 @@ class Engine(ABC):
         whatever the mask.
         """
 
-    # -- optional capabilities: rival policies use them where the engine has them ----------
-    supports_kv_compression: ClassVar[bool] = False
-
-    def evict(self, request_id: str, to: EvictTo) -> None:
-        """Take a generation out of the batch and move its KV to host memory (``'host'``) or
-        drop it (``'none'``: rebuilt from the kept token ids when it runs again).
-
-        Raises:
-            EngineError: the engine cannot evict.
-        """
-        raise EngineError(f'{type(self).__name__} cannot evict KV caches')
-
-    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
-        """Evict a fraction of the prompt's KV after prefill (TimeBill's α; SnapKV-style).
-
-        Raises:
-            EngineError: the engine has no KV compression (``supports_kv_compression``).
-        """
-        raise EngineError(f'{type(self).__name__} cannot compress KV caches')
-
     @abstractmethod
     def decode_step_s(self, batch_size: int) -> float:
         """Estimated time of one decode iteration with ``batch_size`` generations."""
@@ -145,3 +225,101 @@ class Engine(ABC):
     @abstractmethod
     def max_num_seqs(self) -> int:
         """Largest batch the engine accepts."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats:
+        """Identity, capacity and counters (cheap; safe to call between iterations)."""
+
+    # -- life cycle -------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """Run the first-call allocations now, so that they stay out of measured runs."""
+        return
+
+    def close(self) -> None:
+        """Free the model and its memory; the engine is unusable afterwards. Idempotent."""
+        return
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- optional capabilities --------------------------------------------------------------
+    def supports(self, capability: Capability) -> bool:
+        """Whether the engine has an optional operation (see :data:`Capability`)."""
+        return capability in self.capabilities
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        """Take a generation out of the batch and move its KV to host memory (``'host'``) or
+        drop it (``'none'``: rebuilt from the kept token ids when it runs again).
+
+        Raises:
+            EngineError: the engine cannot evict (no ``'evict'`` capability).
+        """
+        raise EngineError(f'{type(self).__name__} cannot evict KV caches')
+
+    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        """Evict a fraction of the prompt's KV after prefill (TimeBill's α; SnapKV-style).
+
+        Raises:
+            EngineError: the engine has no KV compression (no ``'compress_kv'`` capability).
+        """
+        raise EngineError(f'{type(self).__name__} cannot compress KV caches')
+
+    def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
+        """The recorded plan a ``scripted_plans`` engine will replay for a goal (None for an
+        engine that generates its text).
+
+        Raises:
+            GoalError: the engine has no recorded plan for this robot kind.
+        """
+        return None
+
+    # -- what policies may read -------------------------------------------------------------
+    def kv_accounting(self) -> KvAccounting | None:
+        """The engine's block-level KV accounting, if it exposes one."""
+        return None
+
+    def cost_model(self) -> CostModel | None:
+        """The engine's latency model, if it has one (the simulator's calibration)."""
+        return None
+
+
+class EngineView:
+    """The engine as a policy sees it: what it can tell, none of what it can do.
+
+    The scheduler hands policies this view instead of the engine, so that a policy can price
+    and plan admissions but never run, pause or evict a generation itself.
+    """
+
+    __slots__ = ('_engine', 'kv', 'costs', 'lookahead_tokens')
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.kv: KvAccounting | None = engine.kv_accounting()
+        self.costs: CostModel | None = engine.cost_model()
+        self.lookahead_tokens: int = engine.lookahead_tokens
+
+    def can_run(self, request_id: str) -> bool:
+        """Whether KV memory allows adding this generation to the running batch now."""
+        return self._engine.can_run(request_id)
+
+    def run_cost_s(self, request_id: str) -> float:
+        """Extra time the next iteration takes if this generation joins."""
+        return self._engine.run_cost_s(request_id)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        """Estimated time of one decode iteration with ``batch_size`` generations."""
+        return self._engine.decode_step_s(batch_size)
+
+    def supports(self, capability: Capability) -> bool:
+        return self._engine.supports(capability)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return self._engine.running
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._engine.max_num_seqs

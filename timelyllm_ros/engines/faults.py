@@ -12,11 +12,20 @@ cleanly; the scheduler must then keep its own state consistent.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 import numpy as np
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, StepResult
+from timelyllm_ros.engines.base import (
+    Capability,
+    CostModel,
+    Engine,
+    EngineRequest,
+    EngineStats,
+    EvictTo,
+    KvAccounting,
+    PlanScript,
+    StepResult,
+)
 
 FAULTABLE = ('register', 'can_run', 'run', 'pause', 'release', 'step', 'evict', 'compress_kv')
 
@@ -56,9 +65,31 @@ class FaultInjectingEngine(Engine):
             self.injected[call] += 1
             raise self.error(f'injected fault in {call}({request_id})')
 
-    # The wrapper is transparent to policies that read engine internals (KV, calibration).
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    @property
+    def capabilities(self) -> frozenset[Capability]:  # type: ignore[override]  # the inner's
+        return self.inner.capabilities
+
+    @property
+    def lookahead_tokens(self) -> int:  # type: ignore[override]  # the inner engine's
+        return self.inner.lookahead_tokens
+
+    def stats(self) -> EngineStats:
+        return self.inner.stats()
+
+    def warmup(self) -> None:
+        self.inner.warmup()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def kv_accounting(self) -> KvAccounting | None:
+        return self.inner.kv_accounting()
+
+    def cost_model(self) -> CostModel | None:
+        return self.inner.cost_model()
+
+    def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
+        return self.inner.scripted_plan(robot_kind, task, task_class)
 
     def register(self, request: EngineRequest) -> None:
         self._maybe_fail('register', request.request_id)
@@ -87,13 +118,9 @@ class FaultInjectingEngine(Engine):
         self._maybe_fail('step')
         result = self.inner.step(only)
         if self.transcript is not None:
-            for request_id, piece in result.tokens.items():
+            for request_id, piece in result.text.items():
                 self.transcript.setdefault(request_id, []).append(piece)
         return result
-
-    @property
-    def supports_kv_compression(self) -> bool:  # type: ignore[override]
-        return self.inner.supports_kv_compression
 
     def evict(self, request_id: str, to: EvictTo) -> None:
         self._maybe_fail('evict', request_id)

@@ -49,13 +49,15 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from timelyllm_ros.engines.base import (
+    Capability,
     Engine,
     EngineRequest,
+    EngineStats,
     EvictTo,
     FinishReason,
     KeptTokens,
@@ -87,24 +89,24 @@ def _import_llama_cpp() -> Any:
 
 
 _LOG_CALLBACK: Any = None
+_LOG_VERBOSE = False
 
 
 def _quiet_llama_logs(llama: Any, verbose: bool) -> None:
     """Route llama.cpp's log to this module's logger: errors always, the rest when verbose.
     (The unified KV pool is larger than one sequence's context, which llama.cpp warns about.)"""
-    global _LOG_CALLBACK
+    global _LOG_CALLBACK, _LOG_VERBOSE
+    _LOG_VERBOSE = verbose
     if _LOG_CALLBACK is None:
-        @llama.llama_log_callback
         def _log(level: int, text: bytes, _user_data: Any) -> None:
-            if b'training context overflow' in text and not _log.verbose:  # type: ignore[attr-defined]
+            if b'training context overflow' in text and not _LOG_VERBOSE:
                 return
-            if level == 3 or (_log.verbose and level in (1, 2, 5)):  # type: ignore[attr-defined]
+            if level == 3 or (_LOG_VERBOSE and level in (1, 2, 5)):
                 logger.log(logging.ERROR if level == 3 else logging.INFO,
                            '%s', text.decode('utf-8', 'replace').rstrip())
 
-        _LOG_CALLBACK = _log
+        _LOG_CALLBACK = llama.llama_log_callback(_log)   # a ctypes callback, kept alive here
         llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
-    _LOG_CALLBACK.verbose = verbose
 
 
 def bundled_model_path(name: str) -> str | None:
@@ -174,6 +176,8 @@ class _Prefix:
 class LlamaCppEngine(Engine):
     """Continuous batching over llama.cpp sequences, with KV kept, swapped or dropped per
     generation."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict'})
 
     def __init__(
         self,
@@ -297,6 +301,12 @@ class LlamaCppEngine(Engine):
         self.swap_bytes = 0
         self.swap_s = 0.0
         self.last_decode_batch = 0       # sequences in the last decode llama_decode call
+
+    def stats(self) -> EngineStats:
+        return EngineStats(model=self.model_label, hardware='cpu', steps=self.steps,
+                           busy_s=self.busy_s, kv_capacity_tokens=self.kv_tokens,
+                           kv_bytes_per_token=self.kv_bytes_per_token,
+                           swap_bytes=self.swap_bytes, swap_s=self.swap_s)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -505,14 +515,19 @@ class LlamaCppEngine(Engine):
                 if request_id in self._running:
                     self._share_prefix(generations[request_id])
             fed += sum(generations[r].pending for r in followers if r in self._running)
-            produced.update(self._forward(followers, preempted))
+            produced.update(self._forward(list(followers), preempted))
         prefill_tokens = fed if prefilling else 0
-        tokens: dict[str, str] = {}
+        text: dict[str, str] = {}
+        token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         for request_id, token in produced.items():
-            piece, reason = self._accept(generations[request_id], token)
+            generation = generations[request_id]
+            before = len(generation.output_ids)
+            piece, reason = self._accept(generation, token)
             if piece is not None:
-                tokens[request_id] = piece
+                text[request_id] = piece
+            if len(generation.output_ids) > before:
+                token_ids[request_id] = tuple(generation.output_ids[before:])
             if reason is not None:
                 finished[request_id] = reason
         for request_id in finished:
@@ -529,7 +544,7 @@ class LlamaCppEngine(Engine):
         duration += overhead
         self.busy_s += duration
         cached, self._pending_cached = self._pending_cached, 0
-        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
                           preempted=tuple(preempted), prefill_tokens=prefill_tokens,
                           prefix_cached_tokens=cached, batch_size=batch_size)
 
@@ -827,10 +842,9 @@ class LlamaCppEngine(Engine):
                 raise EngineError(f'llama_decode failed with status {status}')
             if len(items) > 1 or len(items[0][1]) == 1:
                 self.last_decode_batch = len(items)
-            for request_id, (_, chunk, _, done), index in zip(owners, items, last,
-                                                              strict=True):
+            for request_id, (_, fed, _, done), index in zip(owners, items, last, strict=True):
                 generation = generations[request_id]
-                generation.cached += len(chunk)
+                generation.cached += len(fed)
                 if done:
                     logits = llama.llama_get_logits_ith(self._ctx, index)
                     if not logits:

@@ -4,7 +4,9 @@ Each :meth:`SimulatedEngine.step` is one model iteration whose duration comes fr
 calibration's latency model. As in vLLM 0.5 (no chunked prefill), an iteration either
 prefills the newly admitted generations (stalling the decode of the others) or decodes one
 token for every running generation. The text is replayed from the request's ``script``
-(token pieces of a recorded trace), followed by EOS.
+(token pieces of a recorded trace), followed by EOS; for live goals the simulator chooses that
+script itself from its script source (:mod:`timelyllm_ros.engines.scripts`). It has no
+vocabulary: the id of a token is its position in the output.
 
 With prefix caching on (as in the authors' vLLM setup), the prompt prefix that is fixed per
 robot kind (skills, guidance, examples) is prefilled once and then shared: later requests of
@@ -16,10 +18,23 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import ClassVar
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.engines.base import (
+    Capability,
+    CostModel,
+    Engine,
+    EngineRequest,
+    EngineStats,
+    EvictTo,
+    FinishReason,
+    KvAccounting,
+    PlanScript,
+    StepResult,
+)
 from timelyllm_ros.engines.calibration import Calibration, load_calibration
 from timelyllm_ros.engines.kv import KvCacheManager
+from timelyllm_ros.engines.scripts import ScriptSource, TraceScripts
 from timelyllm_ros.errors import EngineError
 
 
@@ -36,7 +51,8 @@ class _Generation:
 class SimulatedEngine(Engine):
     """A latency-model engine; deterministic for a given sequence of calls."""
 
-    supports_kv_compression = True
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {'evict', 'compress_kv', 'scripted_plans'})
 
     def __init__(
         self,
@@ -46,6 +62,7 @@ class SimulatedEngine(Engine):
         fail_at_step: int | None = None,
         prefix_caching: bool = True,
         realtime: bool = False,
+        scripts: ScriptSource | None = None,
     ) -> None:
         """Args:
             calibration: latency model; the bundled Llama3-8B / RTX 4090 one by default.
@@ -55,6 +72,7 @@ class SimulatedEngine(Engine):
             prefix_caching: share the KV of prompt prefixes across requests.
             realtime: sleep for each iteration's duration, so that the simulator can stand in
                 for a real engine behind live nodes on a wall clock.
+            scripts: where the plans of live goals come from (default: the bundled traces).
         """
         self.calibration = calibration or load_calibration()
         cal = self.calibration
@@ -70,6 +88,7 @@ class SimulatedEngine(Engine):
         self._running: dict[str, None] = {}
         self.prefix_caching = prefix_caching
         self.realtime = realtime
+        self._scripts = scripts
         self._cached_prefixes: set[str] = set()
         self.prefix_hits = 0
         self.prefix_misses = 0
@@ -79,6 +98,23 @@ class SimulatedEngine(Engine):
                                    # that were not recomputed (kept, swapped in, cached prefix)
 
     # -- Engine interface ------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        cal = self.calibration
+        return EngineStats(model=cal.model, hardware=f'simulated {cal.gpu}', steps=self.steps,
+                           busy_s=self.busy_s, kv_capacity_tokens=cal.gpu_kv_tokens,
+                           kv_bytes_per_token=cal.kv_bytes_per_token)
+
+    def kv_accounting(self) -> KvAccounting:
+        return self.kv
+
+    def cost_model(self) -> CostModel:
+        return self.calibration
+
+    def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript:
+        if self._scripts is None:
+            self._scripts = TraceScripts()
+        return self._scripts.plan_for(robot_kind, task, task_class)
+
     def register(self, request: EngineRequest) -> None:
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
@@ -213,7 +249,8 @@ class SimulatedEngine(Engine):
             context = sum(self._attended_tokens(r) for r in producing)
             duration = cal.decode_s(len(producing), context)
             batch_size = len(producing)
-        tokens: dict[str, str] = {}
+        text: dict[str, str] = {}
+        token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         preempted: list[str] = []
         for request_id in producing:
@@ -226,7 +263,8 @@ class SimulatedEngine(Engine):
             if not self.kv.grow(request_id):
                 preempted.append(request_id)
                 continue
-            tokens[request_id] = script[generation.emitted]
+            text[request_id] = script[generation.emitted]
+            token_ids[request_id] = (generation.emitted,)
             generation.emitted += 1
             if generation.emitted >= request.max_tokens:
                 finished[request_id] = 'length'
@@ -241,7 +279,8 @@ class SimulatedEngine(Engine):
             time.sleep(duration)
         cached, self._pending_cached = self._pending_cached, 0
         return StepResult(
-            duration_s=duration, tokens=tokens, finished=finished, preempted=tuple(preempted),
+            duration_s=duration, text=text, token_ids=token_ids, finished=finished,
+            preempted=tuple(preempted),
             prefill_tokens=new_tokens, prefix_cached_tokens=cached, batch_size=batch_size,
         )
 

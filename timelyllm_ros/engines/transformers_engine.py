@@ -51,11 +51,13 @@ import os
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from timelyllm_ros.engines.base import (
+    Capability,
     Engine,
     EngineRequest,
+    EngineStats,
     EvictTo,
     FinishReason,
     KeptTokens,
@@ -143,7 +145,7 @@ class _HfTokenizer:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     @property
     def eos_ids(self) -> frozenset[int]:
@@ -182,7 +184,7 @@ def _slab_layer_class(transformers: Any) -> type:
         return cls
     from transformers.cache_utils import DynamicLayer
 
-    class SlabLayer(DynamicLayer):
+    class SlabLayer(DynamicLayer):  # type: ignore[misc]  # transformers is not followed
         def adopt(self, keys: Any, values: Any, length: int) -> None:
             self.dtype, self.device = keys.dtype, keys.device
             self.buffer_keys, self.buffer_values, self.length = keys, values, length
@@ -218,6 +220,8 @@ def _slab_layer_class(transformers: Any) -> type:
 
 class TransformersEngine(Engine):
     """Batched greedy decoding over per-generation KV caches kept between segments."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict'})
 
     def __init__(
         self,
@@ -292,8 +296,8 @@ class TransformersEngine(Engine):
                             or text_config.hidden_size // text_config.num_attention_heads)
         limit = int(getattr(text_config, 'max_position_embeddings', 4096) or 4096)
         self.max_context = max_context or min(limit, 4096)
-        self.kv_bytes_per_token = (2 * self.num_layers * self.kv_heads * self.head_dim
-                                   * torch.finfo(self.dtype).bits // 8)
+        self.kv_bytes_per_token: int = (2 * self.num_layers * self.kv_heads * self.head_dim
+                                        * int(torch.finfo(self.dtype).bits) // 8)
         self.kv_budget_tokens = kv_budget_tokens or self._default_budget()
         self.static_cache = self.is_cuda if static_cache is None else static_cache
         self.compile = (self.is_cuda and self.static_cache) if compile is None else compile
@@ -477,6 +481,26 @@ class TransformersEngine(Engine):
         self._leave_batch(request_id)
         self._running.pop(request_id, None)
 
+    def stats(self) -> EngineStats:
+        hardware = (self._torch.cuda.get_device_name(self.device) if self.is_cuda
+                    else str(self.device))
+        return EngineStats(model=self.model_name, hardware=hardware, steps=self.steps,
+                           busy_s=self.busy_s, kv_capacity_tokens=self.kv_budget_tokens,
+                           kv_bytes_per_token=self.kv_bytes_per_token)
+
+    def close(self) -> None:
+        """Drop the model and every kept KV cache (and the CUDA cache); idempotent."""
+        self._generations.clear()
+        self._running.clear()
+        self._batch = None
+        self._prefixes.clear()
+        self._static_caches.clear()
+        if self.model is not None:
+            self.model = None          # closed: the engine is unusable from here on
+            self._decode_call = None
+            if self.is_cuda:
+                self._torch.cuda.empty_cache()
+
     def evict(self, request_id: str, to: EvictTo) -> None:
         generation = self._get(request_id)
         self._leave_batch(request_id)
@@ -535,12 +559,17 @@ class TransformersEngine(Engine):
                     self._running)
                 produced = dict(zip(rows, self._decode(rows), strict=True))
                 batch_size = len(rows)
-        tokens: dict[str, str] = {}
+        text: dict[str, str] = {}
+        token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         for request_id, token in produced.items():
-            piece, reason = self._accept(generations[request_id], token)
+            generation = generations[request_id]
+            before = len(generation.output_ids)
+            piece, reason = self._accept(generation, token)
             if piece is not None:
-                tokens[request_id] = piece
+                text[request_id] = piece
+            if len(generation.output_ids) > before:
+                token_ids[request_id] = tuple(generation.output_ids[before:])
             if reason is not None:
                 finished[request_id] = reason
         for request_id in finished:
@@ -557,7 +586,7 @@ class TransformersEngine(Engine):
             self.decode_steps += 1
             self.latency.record_decode(batch_size, duration)
         cached, self._pending_cached = self._pending_cached, 0
-        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
                           preempted=tuple(preempted), prefill_tokens=prefill_tokens,
                           prefix_cached_tokens=cached, batch_size=batch_size)
 

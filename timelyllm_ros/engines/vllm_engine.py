@@ -8,7 +8,8 @@ land a step late) is never returned, kept, dispatched or resubmitted. Resuming s
 request whose prompt is the kept token ids (``TokensPrompt``); with prefix caching on (always,
 here) vLLM finds the request's full KV blocks in its cache and prefills only the last, partial
 block. How many prompt tokens vLLM served from its cache (``RequestOutput.num_cached_tokens``) is
-reported per step in ``StepResult.prefix_cached_tokens`` and summed in :attr:`VllmEngine.stats`.
+reported per step in ``StepResult.prefix_cached_tokens`` and summed in
+:attr:`VllmEngine.resume_stats`.
 
 Admission stays with our scheduler: the engine submits exactly the generations it is told to
 run, and ``can_run`` reads vLLM's own KV usage (``SchedulerStats.kv_cache_usage``, through a
@@ -37,7 +38,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyllm_ros.engines.base import Engine, EngineRequest, EvictTo, FinishReason, StepResult
+from timelyllm_ros.engines.base import (
+    Engine,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    StepResult,
+)
 from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
@@ -54,7 +61,7 @@ def _forced_tokens_processor() -> type:
         return _FORCED_CLASS[0]
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-    class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):
+    class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]  # vLLM: Any
         def is_argmax_invariant(self) -> bool:
             return False
 
@@ -236,6 +243,7 @@ class VllmEngine(Engine):
         self.resume_prompt_tokens = 0     # prompt tokens of resumed segments
         self.resume_cached_tokens = 0     # ... of them served from vLLM's prefix cache
         self.trimmed_tokens = 0           # produced past a boundary, dropped
+        self._closed = False
 
     # -- Engine interface ------------------------------------------------------------------
     def register(self, request: EngineRequest) -> None:
@@ -288,9 +296,6 @@ class VllmEngine(Engine):
         self._running.pop(request_id, None)
         self._abort(generation)
 
-    def evict(self, request_id: str, to: EvictTo) -> None:
-        raise EngineError('the vllm engine leaves KV placement to vLLM (prefix cache)')
-
     def release(self, request_id: str) -> None:
         generation = self._generations.pop(request_id, None)
         self._running.pop(request_id, None)
@@ -304,7 +309,7 @@ class VllmEngine(Engine):
         if not known:
             return 0.02
         nearest = min(known, key=lambda b: abs(b - batch_size))
-        return known[nearest] * max(1.0, batch_size / nearest) ** 0.1
+        return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)
 
     @property
     def running(self) -> tuple[str, ...]:
@@ -332,54 +337,56 @@ class VllmEngine(Engine):
             raise EngineError(f'vllm step failed: {err}') from err
         duration = time.perf_counter() - start
         self.busy_s += duration
-        tokens: dict[str, str] = {}
+        text: dict[str, str] = {}
+        token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         prefill_tokens = cached_tokens = 0
         for output in outputs:
-            request_id = self._by_vllm_id.get(output.request_id)
-            generation = self._generations.get(request_id) if request_id else None
-            if generation is None or generation.vllm_id != output.request_id:
+            owner = self._by_vllm_id.get(output.request_id)
+            produced = self._generations.get(owner) if owner else None
+            if owner is None or produced is None or produced.vllm_id != output.request_id:
                 n = sum(len(c.token_ids) for c in output.outputs)
                 self.trimmed_tokens += n     # a late token of an aborted segment
                 continue
-            if generation.joined:
-                generation.joined = False
+            if produced.joined:
+                produced.joined = False
                 prompt = len(output.prompt_token_ids or ())
                 cached = int(output.num_cached_tokens or 0)
                 prefill_tokens += prompt - cached
                 cached_tokens += cached
-                if generation.segments > 1:
+                if produced.segments > 1:
                     self.resumes += 1
                     self.resume_prompt_tokens += prompt
                     self.resume_cached_tokens += cached
             completion = output.outputs[0]
             new_ids = [int(t) for t in completion.token_ids]
-            if self.force_script and generation.forced is not None:
+            if self.force_script and produced.forced is not None:
                 new_ids = [t for t in new_ids if t != self.eos_id]
             if new_ids:
-                generation.output_ids.extend(new_ids)
-                tokens[request_id] = self._detokenize(generation)  # type: ignore[index]
+                produced.output_ids.extend(new_ids)
+                text[owner] = self._detokenize(produced)
+                token_ids[owner] = tuple(new_ids)
             if output.finished:
                 reason = completion.finish_reason
-                length = (reason == 'length' or len(generation.output_ids)
-                          >= generation.request.max_tokens)
-                finished[request_id] = 'length' if length else 'eos'  # type: ignore[index]
-                self._by_vllm_id.pop(output.request_id, None)
-                generation.vllm_id = None
+                length = (reason == 'length' or len(produced.output_ids)
+                          >= produced.request.max_tokens)
+                finished[owner] = 'length' if length else 'eos'
+                self._by_vllm_id.pop(output.owner, None)
+                produced.vllm_id = None
         for request_id in finished:
             self._running.pop(request_id, None)
         batch_size = len(active)
         if prefill_tokens:
             self.latency.record_prefill(prefill_tokens, duration)
-        elif tokens:
+        elif text:
             self.latency.record_decode(batch_size, duration)
-        return StepResult(duration_s=duration, tokens=tokens, finished=finished,
+        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
                           prefill_tokens=prefill_tokens, prefix_cached_tokens=cached_tokens,
                           batch_size=batch_size)
 
     # -- extras ----------------------------------------------------------------------------
     @property
-    def stats(self) -> dict[str, float]:
+    def resume_stats(self) -> dict[str, float]:
         """Resume and prefix-cache figures of the run so far."""
         reuse = (self.resume_cached_tokens / self.resume_prompt_tokens
                  if self.resume_prompt_tokens else 0.0)
@@ -396,13 +403,28 @@ class VllmEngine(Engine):
         """Tokens of a text with the model's tokenizer (no special tokens)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def stats(self) -> EngineStats:
+        return EngineStats(model=self.model_name, hardware=self._hardware(), steps=self.steps,
+                           busy_s=self.busy_s,
+                           kv_capacity_tokens=self.num_blocks * self.block_size)
+
     def close(self) -> None:
-        """Abort everything and shut vLLM down."""
+        """Abort everything and shut vLLM down (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         for generation in self._generations.values():
             self._abort(generation)
         shutdown = getattr(self.llm.engine_core, 'shutdown', None)
         if shutdown is not None:
             shutdown()
+
+    @staticmethod
+    def _hardware() -> str:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
+
 
     # -- internals -------------------------------------------------------------------------
     def _get(self, request_id: str) -> _Generation:
@@ -449,5 +471,5 @@ class VllmEngine(Engine):
         if len(after) > len(before) and not after.endswith('\ufffd'):
             generation.prefix_offset = generation.read_offset
             generation.read_offset = len(ids)
-            return after[len(before):]
+            return str(after[len(before):])
         return ''

@@ -1,7 +1,7 @@
 """Robot controller node: one robot, its backend, and a PlanTask client to the planner.
 
 A task arrives on ``task`` (std_msgs/String: the task text, or the JSON task object of
-:func:`_convert.task_payload`); the node sends the plan goal, executes the segments in order as
+:func:`convert.task_payload`); the node sends the plan goal, executes the segments in order as
 they stream in (the next one may arrive while one executes), publishes ``segment_done`` and one
 ``skill_executions`` record per skill, and on a backend failure aborts: the goal is cancelled
 and the rest of the plan is dropped. Every task ends with one JSON line on ``plan_results``.
@@ -30,12 +30,12 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.clock import SystemClock
 from timelyllm_ros.errors import GoalError, TimelyError
 from timelyllm_ros.msg import SegmentDone, SkillExecution, TimeUtility
-from timelyllm_ros.nodes import _convert
-from timelyllm_ros.nodes._spin import spin_until_shutdown
+from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
+from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
-from timelyllm_ros.robots.factory import open_backend
+from timelyllm_ros.robots.factory import open_robot
 
 
 class RobotControllerNode(Node):
@@ -56,8 +56,9 @@ class RobotControllerNode(Node):
         self.profile = load_profile(param('robot_kind').value,
                                     param('profiles_dir').value or None)
         self.robot_clock = SystemClock()
-        self.backend, self._close_backend = open_backend(
-            self.profile, param('backend').value, param('address').value or None, self.robot_clock)
+        self.robot = open_robot(self.profile, param('backend').value,
+                                param('address').value or None, self.robot_clock)
+        self.backend = self.robot.backend
         self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
         self.plan_client = ActionClient(self, PlanTask, param('plan_action').value,
@@ -66,7 +67,7 @@ class RobotControllerNode(Node):
         self.skills_pub = self.create_publisher(SkillExecution, '/skill_executions', 100)
         self.result_pub = self.create_publisher(String, 'plan_results', 10)
         self.create_subscription(String, 'task', self.task_callback, 10, callback_group=group)
-        self.tasks: TaskQueue[_convert.TaskRequest] = TaskQueue(
+        self.tasks: TaskQueue[convert.TaskRequest] = TaskQueue(
             int(param('max_queued_tasks').value))
         self._queued_s = 0.0                # how long the active task waited in the queue
         self._segments: queue.Queue = queue.Queue()
@@ -79,7 +80,7 @@ class RobotControllerNode(Node):
                                f'up to {self.tasks.max_waiting} tasks queued')
 
     @staticmethod
-    def _label(request: _convert.TaskRequest | None) -> str:
+    def _label(request: convert.TaskRequest | None) -> str:
         if request is None:
             return '-'
         text = request.task if len(request.task) <= 40 else request.task[:37] + '...'
@@ -91,10 +92,10 @@ class RobotControllerNode(Node):
     def task_callback(self, msg: String) -> None:
         """Start, queue or refuse a task (non-blocking: callbacks chain the rest)."""
         try:
-            request = _convert.parse_task(msg.data)
+            request = convert.parse_task(msg.data)
         except GoalError as err:
             self.get_logger().error(f'{self.robot_id}: refused an invalid task message: {err}')
-            self._publish_result(_convert.refusal_report(self.robot_id, '', str(err)))
+            self._publish_result(convert.refusal_report(self.robot_id, '', str(err)))
             return
         admission = self.tasks.offer(request, time.monotonic())
         if admission.outcome == 'refused':
@@ -103,7 +104,7 @@ class RobotControllerNode(Node):
             self.get_logger().warning(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: refused task '
                 f'{self._label(request)}: {reason}')
-            self._publish_result(_convert.refusal_report(self.robot_id, request.task_id, reason))
+            self._publish_result(convert.refusal_report(self.robot_id, request.task_id, reason))
         elif admission.outcome == 'queued':
             self.get_logger().info(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: task '
@@ -112,13 +113,13 @@ class RobotControllerNode(Node):
         else:
             self._start(request, 0.0)
 
-    def _start(self, request: _convert.TaskRequest | None, queued_s: float) -> None:
+    def _start(self, request: convert.TaskRequest | None, queued_s: float) -> None:
         """Send the plan goal of the active task; a task that cannot be sent ends at once and
         the next waiting one is tried."""
         while request is not None:
             if self.plan_client.wait_for_server(timeout_sec=5.0):
                 self._queued_s = queued_s
-                goal = _convert.goal_to_msg(self.robot_id, self.profile.name, request,
+                goal = convert.goal_to_msg(self.robot_id, self.profile.name, request,
                                             self.get_parameter('urgency').value,
                                             PlanTask.Goal, TimeUtility)
                 future = self.plan_client.send_goal_async(
@@ -127,7 +128,7 @@ class RobotControllerNode(Node):
                 return
             self.get_logger().error(f'{self.robot_id}: no planner action server for task '
                                     f'{self._label(request)}')
-            self._publish_result(_convert.rejection_report(
+            self._publish_result(convert.rejection_report(
                 self.robot_id, request.task_id, queued_s, 'no planner action server'))
             started = self.tasks.finish(time.monotonic())
             request, queued_s = (started.item, started.queued_s) if started else (None, 0.0)
@@ -149,7 +150,7 @@ class RobotControllerNode(Node):
         if not handle.accepted:
             self.get_logger().warning(f'{self.robot_id}: the planner rejected task '
                                       f'{self._label(request)}')
-            self._publish_result(_convert.rejection_report(self.robot_id, task_id,
+            self._publish_result(convert.rejection_report(self.robot_id, task_id,
                                                            self._queued_s))
             self._next()
             return
@@ -161,7 +162,7 @@ class RobotControllerNode(Node):
 
     def result_callback(self, future) -> None:  # type: ignore[no-untyped-def]
         request = self.tasks.active
-        report = _convert.result_report(
+        report = convert.result_report(
             self.robot_id, self.profile.name, future.result().result,
             request.task_id if request is not None else '', self._queued_s)
         self.get_logger().info(f'{self.robot_id}: {report}')
@@ -177,19 +178,19 @@ class RobotControllerNode(Node):
             if msg.goal_id == self._aborted_goal:
                 continue
             try:
-                segment = _convert.segment_from_msg(self.profile, msg)
+                segment = convert.segment_from_msg(self.profile, msg)
             except TimelyError as err:
                 now = self.robot_clock.now()
                 self._abort(msg, msg.index, str(err), now, now)
                 continue
             run = self.skill_executor.execute(segment)
             for record in run.skills:
-                self.skills_pub.publish(_convert.skill_record_to_msg(
+                self.skills_pub.publish(convert.skill_record_to_msg(
                     self.robot_id, msg.goal_id, run.index, record, SkillExecution, Time))
             if not run.success:
                 self._abort(msg, run.index, run.error, run.start_time, run.end_time)
                 continue
-            self.done_pub.publish(_convert.segment_done_to_msg(
+            self.done_pub.publish(convert.segment_done_to_msg(
                 self.robot_id, msg.goal_id, run.index, run.start_time, run.end_time, True, '',
                 SegmentDone, Time))
 
@@ -197,7 +198,7 @@ class RobotControllerNode(Node):
         """Backend failure: report it, cancel the goal, drop the rest of the plan."""
         self.get_logger().error(f'{self.robot_id}: segment {index} failed: {error}')
         self._aborted_goal = msg.goal_id
-        self.done_pub.publish(_convert.segment_done_to_msg(
+        self.done_pub.publish(convert.segment_done_to_msg(
             self.robot_id, msg.goal_id, index, start, end, False, error, SegmentDone, Time))
         if self._goal_handle is not None:
             self._goal_handle.cancel_goal_async()
@@ -207,7 +208,7 @@ class RobotControllerNode(Node):
         if dropped:
             self.get_logger().warning(f'{self.robot_id}: shutting down with {len(dropped)} '
                                       f'queued tasks not started')
-        self._close_backend()
+        self.robot.close()
         super().destroy_node()
 
 

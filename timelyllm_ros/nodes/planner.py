@@ -22,8 +22,8 @@ from std_msgs.msg import String
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.msg import SchedulerState, Segment, SegmentDone
-from timelyllm_ros.nodes import _convert
-from timelyllm_ros.nodes._spin import spin_until_shutdown
+from timelyllm_ros.nodes import convert
+from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.service import PlannerService
 
 
@@ -67,7 +67,7 @@ class PlannerNode(Node):
     def goal_callback(self, goal: PlanTask.Goal) -> GoalResponse:
         """Reject bad goals now, with the reason logged and published."""
         try:
-            self.service.make_spec(_convert.goal_from_msg(goal))
+            self.service.make_spec(convert.goal_from_msg(goal))
         except TimelyError as err:
             reason = f'{goal.robot_id}: rejected: {err}'
             self.get_logger().warning(reason)
@@ -83,7 +83,7 @@ class PlannerNode(Node):
         events: queue.Queue = queue.Queue()
         try:
             task_id = self.service.submit(
-                _convert.goal_from_msg(goal_handle.request),
+                convert.goal_from_msg(goal_handle.request),
                 on_segment=lambda g, s: events.put(('segment', g, s)),
                 on_end=lambda g: events.put(('end', g, None)))
         except TimelyError as err:
@@ -97,11 +97,11 @@ class PlannerNode(Node):
             except queue.Empty:
                 continue
             if kind == 'segment':
-                msg = _convert.segment_to_msg(generation, segment, self.origin_s, Segment, Time)
+                msg = convert.segment_to_msg(generation, segment, self.origin_s, Segment, Time)
                 self.segments_pub.publish(msg)
                 goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
                 continue
-            result = PlanTask.Result(**_convert.result_fields(generation))
+            result = PlanTask.Result(**convert.result_fields(generation))
             if not result.success:
                 self.get_logger().warning(
                     f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
@@ -114,7 +114,7 @@ class PlannerNode(Node):
             return result
 
     def segment_done_callback(self, msg: SegmentDone) -> None:
-        task_id, index, start, end, success, error = _convert.segment_done_from_msg(
+        task_id, index, start, end, success, error = convert.segment_done_from_msg(
             msg, self.origin_s)
         self.service.report_segment(task_id, index, start, end, success, error)
 
@@ -124,7 +124,7 @@ class PlannerNode(Node):
             self._reported_failure = True
             self.get_logger().error(f'planner service failed, refusing goals: {state.error}')
         self.state_pub.publish(SchedulerState(
-            stamp=_convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
+            stamp=convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
             running=state.running, batch_size=state.last_batch_size,
             goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
 

@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.admission import AdmissionContext, fits
 from timelyllm_ros.engines.base import StepResult
@@ -46,7 +47,7 @@ class Policy(ABC):
     streaming: ClassVar[bool] = True      # dispatch each segment when it is cut
 
     @abstractmethod
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         """Priority of each queued row at time ``now`` (higher first; ties go to lower seq)."""
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:

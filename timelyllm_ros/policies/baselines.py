@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.policies.base import Policy
 from timelyllm_ros.queue import QueueView
@@ -16,7 +17,7 @@ class VllmPolicy(Policy):
     segmented = False
     streaming = False
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return -queue.arrival
 
 
@@ -34,7 +35,7 @@ class SegmentedFcfsPolicy(Policy):
     name = 'seg-fcfs'
     description = 'segmented generation, first come first served'
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return -queue.arrival
 
 
@@ -44,6 +45,6 @@ class SegmentedEdfPolicy(Policy):
     name = 'seg-edf'
     description = 'segmented generation, earliest request deadline first'
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         # Suspended generations keep their request's deadline (paper §7.3.2).
         return -(queue.arrival + queue.ert0)

@@ -13,6 +13,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.admission import AdmissionContext, fits
 from timelyllm_ros.engines.base import StepResult
@@ -62,7 +63,7 @@ class PlannedBatchPolicy(Policy):
         self._plan_fresh = True
         return decisions
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         out = np.full(len(queue), -PLANNED_PRIORITY)
         for row, seq in enumerate(queue.seq):
             task_id = self._by_seq.get(int(seq))

@@ -85,18 +85,17 @@ import heapq
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, ClassVar, Protocol
 
 from timelyllm_ros.admission import AdmissionContext
-from timelyllm_ros.engines.base import Engine, EvictTo, StepResult
+from timelyllm_ros.engines.base import CostModel, EngineView, EvictTo, KvAccounting, StepResult
 from timelyllm_ros.policies.base import Eviction
 from timelyllm_ros.policies.planned import PlannedBatchPolicy
 from timelyllm_ros.predictors import (
-    BucketLengthPredictor,
     LengthPredictor,
     TufClassUrgency,
     UrgencyClassifier,
+    bundled_length_predictor,
 )
 from timelyllm_ros.request import Generation, TaskStatus
 
@@ -198,18 +197,19 @@ PAPER_PROFILES: dict[str, PaperCostModel] = {
 
 
 class EngineCostModel:
-    """Keep-or-recompute priced with an engine calibration (``prefill_s``, ``swap_in_s``):
-    offloading costs the swap-in of the whole context, recomputing one prefill pass over it
-    (how the simulated engine, like vLLM's recompute preemption, rebuilds a dropped context)."""
+    """Keep-or-recompute priced with the engine's own latency model (``prefill_s``,
+    ``swap_in_s``): offloading costs the swap-in of the whole context, recomputing one prefill
+    pass over it (how the simulated engine, like vLLM's recompute preemption, rebuilds a
+    dropped context)."""
 
-    def __init__(self, calibration: Any) -> None:
-        self.calibration = calibration
+    def __init__(self, costs: CostModel) -> None:
+        self.costs = costs
 
     def offload_s(self, n: int, m: int) -> float:
-        return float(self.calibration.swap_in_s(n + m))
+        return float(self.costs.swap_in_s(n + m))
 
     def recompute_s(self, n: int, m: int) -> float:
-        return float(self.calibration.prefill_s(n + m))
+        return float(self.costs.prefill_s(n + m))
 
     def evict_to(self, n: int, m: int) -> EvictTo:
         return 'host' if self.offload_s(n, m) < self.recompute_s(n, m) else 'none'
@@ -222,22 +222,19 @@ class _AlwaysOffload:
 
 # -- KV accounting of an admission plan -------------------------------------------------------
 class KvBudget:
-    """Mirrors the block arithmetic of an engine's KV manager (``engine.kv``:
-    ``blocks``, ``tokens``, ``location``, ``gpu_free``) so a policy can plan admissions and
-    evictions before the engine places anything. ``None`` from :meth:`of` when the engine
-    does not expose it."""
+    """Mirrors the block arithmetic of an engine's KV accounting (``blocks``, ``tokens``,
+    ``location``, ``gpu_free``) so a policy can plan admissions and evictions before the
+    engine places anything. ``None`` from :meth:`of` when the engine does not expose it."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.kv = engine.kv                                   # type: ignore[attr-defined]
-        self.lookahead = int(getattr(engine, 'lookahead_tokens', 0))
+    def __init__(self, kv: KvAccounting, lookahead_tokens: int) -> None:
+        self.kv = kv
+        self.lookahead = lookahead_tokens
 
     @classmethod
-    def of(cls, engine: Engine) -> KvBudget | None:
-        kv = getattr(engine, 'kv', None)
-        needed = ('blocks', 'tokens', 'location', 'gpu_free')
-        if kv is None or not all(hasattr(kv, a) for a in needed):
+    def of(cls, engine: EngineView) -> KvBudget | None:
+        if engine.kv is None:
             return None
-        return cls(engine)
+        return cls(engine.kv, engine.lookahead_tokens)
 
     @property
     def free(self) -> int:
@@ -260,15 +257,6 @@ class KvBudget:
 
     def context_tokens(self, task_id: str) -> int:
         return int(self.kv.tokens(task_id))
-
-
-@lru_cache(maxsize=1)
-def bundled_length_predictor() -> BucketLengthPredictor:
-    """The bucket predictor fitted on the bundled LRTrace traces (lrtrace is imported lazily:
-    the core does not import it at module level)."""
-    from lrtrace.traces import load_trace_set
-
-    return BucketLengthPredictor.fit(load_trace_set())
 
 
 # -- the policy --------------------------------------------------------------------------------
@@ -324,20 +312,18 @@ class SemanticPolicy(PlannedBatchPolicy):
             self._predictor = bundled_length_predictor()
         return self._predictor
 
-    def _prepare(self, engine: Engine) -> None:
+    def _prepare(self, engine: EngineView) -> None:
         if self.token_s is None:
             self.token_s = engine.decode_step_s(1)
         if self.cost_model is None:
-            calibration = getattr(engine, 'calibration', None)
-            self.cost_model = (EngineCostModel(calibration)
-                               if calibration is not None and hasattr(calibration, 'prefill_s')
+            self.cost_model = (EngineCostModel(engine.costs) if engine.costs is not None
                                else _AlwaysOffload())
 
     def remaining_tokens(self, generation: Generation) -> int:
         """Predicted tokens still to generate (≥ 1 while generating)."""
         return max(self._length.get(generation.task_id, 1) - generation.tokens, 1)
 
-    def key(self, generation: Generation, engine: Engine) -> Key:
+    def key(self, generation: Generation, engine: EngineView) -> Key:
         """The current ``(f_e, f_t, seq)`` of a generation."""
         task_id = generation.task_id
         reload_s = engine.run_cost_s(task_id) if generation.status != TaskStatus.RUNNING else 0.0
@@ -375,12 +361,12 @@ class SemanticPolicy(PlannedBatchPolicy):
         self._compact_evict_heap()
 
     # -- the heaps ----------------------------------------------------------------------------
-    def _push(self, generation: Generation, engine: Engine) -> None:
+    def _push(self, generation: Generation, engine: EngineView) -> None:
         key = self.key(generation, engine)
         self._key[generation.task_id] = key
         heapq.heappush(self._heap, (key[0], key[1], key[2], generation.task_id))
 
-    def _drain_arrivals(self, engine: Engine) -> None:
+    def _drain_arrivals(self, engine: EngineView) -> None:
         arrived, self._arrived = self._arrived, []
         for task_id in arrived:
             generation = self._gens.get(task_id)
@@ -397,7 +383,7 @@ class SemanticPolicy(PlannedBatchPolicy):
         self._heap = list(current.values())                    # one per live generation
         heapq.heapify(self._heap)
 
-    def _top(self, b: int, engine: Engine) -> list[tuple[Key, Generation]]:
+    def _top(self, b: int, engine: EngineView) -> list[tuple[Key, Generation]]:
         """Pop the b best queued generations off H (lazily re-keying stale entries), then put
         them back: they stay queued until admitted."""
         top: list[tuple[Key, Generation]] = []
@@ -420,7 +406,7 @@ class SemanticPolicy(PlannedBatchPolicy):
             heapq.heappush(self._heap, (*key, generation.task_id))
         return top
 
-    def _insert_resident(self, generation: Generation, engine: Engine) -> None:
+    def _insert_resident(self, generation: Generation, engine: EngineView) -> None:
         """Alg. 3: a generation placed on the GPU joins the eviction heap G."""
         key = self.key(generation, engine)
         heapq.heappush(self._evict_heap, (-key[0], -key[1], -key[2], generation.task_id))
@@ -440,7 +426,7 @@ class SemanticPolicy(PlannedBatchPolicy):
         self._evict_heap = list(first.values())
         heapq.heapify(self._evict_heap)
 
-    def _pop_victim(self, engine: Engine, budget: KvBudget, exclude: set[str]
+    def _pop_victim(self, engine: EngineView, budget: KvBudget, exclude: set[str]
                     ) -> tuple[Key, Generation] | None:
         """Root of G: the least urgent resident generation with the longest remaining time."""
         aside: list[tuple[int, float, int, str]] = []
@@ -467,7 +453,7 @@ class SemanticPolicy(PlannedBatchPolicy):
         return found
 
     # -- Alg. 2 + Alg. 4 ----------------------------------------------------------------------
-    def _needs_prefill(self, generation: Generation, engine: Engine) -> bool:
+    def _needs_prefill(self, generation: Generation, engine: EngineView) -> bool:
         return generation.status != TaskStatus.RUNNING and engine.run_cost_s(
             generation.task_id) > 0.0
 

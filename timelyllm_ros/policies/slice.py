@@ -79,11 +79,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.admission import AdmissionContext, fits
 from timelyllm_ros.engines.base import StepResult
 from timelyllm_ros.policies.base import Eviction, Policy
-from timelyllm_ros.predictors import LengthPredictor
+from timelyllm_ros.predictors import LengthPredictor, bundled_length_predictor
 from timelyllm_ros.queue import QueueView
 from timelyllm_ros.request import Generation
 
@@ -114,7 +115,7 @@ def period_s(rates: Sequence[int], step_s: Callable[[int], float]) -> float:
     return total
 
 
-def decode_mask_matrix(rates: Sequence[int]) -> np.ndarray:
+def decode_mask_matrix(rates: Sequence[int]) -> NDArray[np.int8]:
     """The ``|b| × v_0`` decode-mask matrix (Alg. 3, errata fixed): row k = ``v_k`` ones, then
     zeros. ``rates`` must be sorted in descending order."""
     rates = list(rates)
@@ -249,9 +250,8 @@ class SlicePolicy(Policy):
     @property
     def length_predictor(self) -> LengthPredictor:
         if self._predictor is None:
-            from timelyllm_ros.policies.timebill import trace_length_predictor
 
-            self._predictor = trace_length_predictor()
+            self._predictor = bundled_length_predictor()
         return self._predictor
 
     def is_rt(self, generation: Generation) -> bool:
@@ -323,7 +323,7 @@ class SlicePolicy(Policy):
         self._replan(ctx)
         return {g.task_id: 'keep' for g in ctx.running if g.task_id not in self._selected}
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         if not self._selected:
             return np.full(len(queue), -np.inf)
         # Selected generations by descending utility rate; unselected ones last (not admitted).

@@ -65,31 +65,22 @@ import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import ClassVar, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.admission import AdmissionContext, fits
-from timelyllm_ros.engines.base import Engine
+from timelyllm_ros.engines.base import EngineView
 from timelyllm_ros.errors import ProfileError
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.predictors import BucketLengthPredictor, LengthPredictor
+from timelyllm_ros.predictors import LengthPredictor, bundled_length_predictor
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.queue import QueueView
 from timelyllm_ros.request import Generation, TaskSpec
 
 Overrun = Literal['kill', 'skip-next']
 Order = Literal['fcfs', 'edf']
-
-
-@lru_cache(maxsize=1)
-def trace_length_predictor() -> BucketLengthPredictor:
-    """The shared bucket predictor (:mod:`timelyllm_ros.predictors`) fitted on the bundled
-    LRTrace traces (loaded lazily: the core does not import lrtrace at module level)."""
-    from lrtrace.traces import load_trace_set
-
-    return BucketLengthPredictor.fit(load_trace_set())
 
 
 # -- the execution-time estimator and eq. 11, as pure functions -----------------------------
@@ -231,7 +222,7 @@ class TimeBillPolicy(Policy):
     @property
     def length_predictor(self) -> LengthPredictor:
         if self._predictor is None:
-            self._predictor = trace_length_predictor()
+            self._predictor = bundled_length_predictor()
         return self._predictor
 
     def budget_of(self, spec: TaskSpec) -> float:
@@ -251,16 +242,17 @@ class TimeBillPolicy(Policy):
             self._n_max_of[spec.profile] = value
         return value
 
-    def context_cost(self, engine: Engine) -> float:
-        """The ETE's p: seconds per attended context token per decode step."""
+    def context_cost(self, engine: EngineView) -> float:
+        """The ETE's p: seconds per attended context token per decode step (0 for an engine
+        without a latency model)."""
         if self.context_cost_s_per_token is not None:
             return self.context_cost_s_per_token
-        calibration = getattr(engine, 'calibration', None)
-        per_token_ms = getattr(calibration, 'decode_ms_per_context_token', 0.0)
-        return float(per_token_ms) / 1000.0
+        if engine.costs is None:
+            return 0.0
+        return float(engine.costs.decode_ms_per_context_token) / 1000.0
 
     # -- Policy hooks ---------------------------------------------------------------------------
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         if self.order == 'fcfs':
             return -queue.arrival
         if self.budget_s is not None:

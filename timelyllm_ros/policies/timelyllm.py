@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.admission import AdmissionContext, LostSlopes, fits, latency_guided
 from timelyllm_ros.policies.base import Policy
@@ -40,7 +41,7 @@ class TimelyLlmPolicy(Policy):
         self._lost: LostSlopes | None = None                    # its lost slopes, once asked
         self._lost_rows = 0                                     # ... over this many rows
 
-    def priorities(self, queue: QueueView, now: float) -> np.ndarray:
+    def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         self._decision, self._lost = (now, queue), None
         return self._rank(queue, now)
 
@@ -53,7 +54,7 @@ class TimelyLlmPolicy(Policy):
             self._lost, self._lost_rows = lost_slopes(queue, now, rows), rows
         return self._lost
 
-    def _rank(self, queue: QueueView, now: float) -> np.ndarray:
+    def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g,
                             queue.comm_s)
 
@@ -74,6 +75,6 @@ class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
     name = 'timelyllm-artifact'
     description = "segmented, the authors' artifact priority, latency-guided batch size"
 
-    def _rank(self, queue: QueueView, now: float) -> np.ndarray:
+    def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return artifact_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
                                  queue.g, queue.comm_s)

@@ -31,19 +31,21 @@ import logging
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from timelyllm_ros.clock import Clock
 from timelyllm_ros.errors import RobotError, describe_error
+from timelyllm_ros.plan import SkillCall, Statement
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.base import Execution
-from timelyllm_ros.segmenter import SkillCall, Statement, statement_problem
+from timelyllm_ros.segmenter import statement_problem
 
 logger = logging.getLogger(__name__)
 
 ConditionValue = int | float | str | bool | None
 
-_OPERATORS: dict[str, Callable[[object, object], bool]] = {
+_OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     '==': operator.eq, '!=': operator.ne, '<': operator.lt, '<=': operator.le,
     '>': operator.gt, '>=': operator.ge,
 }

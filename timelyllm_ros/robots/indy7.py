@@ -50,9 +50,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from timelyllm_ros.errors import RobotError
+from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
-from timelyllm_ros.segmenter import SkillCall
 
 DEFAULT_ROBOT_IP = '127.0.0.1'
 """IndyDCP3's own default: a script running on the Indy7's STEP controller. From another
@@ -297,12 +297,12 @@ class Indy7Backend(RobotBackend):
         return handler(call)
 
     def _do_move_joint(self, call: SkillCall) -> None:
-        target = [float(call.args[f'j{i}']) for i in range(1, 7)]  # type: ignore[arg-type]
+        target = [float(call.args[f'j{i}']) for i in range(1, 7)]
         self._move(call, 'movej', target)
 
     def _do_move_task(self, call: SkillCall) -> None:
         keys = ('x', 'y', 'z', 'rx', 'ry', 'rz')
-        target = [float(call.args[k]) for k in keys]  # type: ignore[arg-type]
+        target = [float(call.args[k]) for k in keys]
         self._move(call, 'movel', target)
 
     def _pose(self, call: SkillCall, name: object) -> list[float]:
@@ -358,7 +358,8 @@ class Indy7Backend(RobotBackend):
             raise RobotError(f'{what}: IndyDCP3 {method.__name__} failed: {name}: '
                              f'{details}') from None
 
-    def _command(self, call: SkillCall, method: str, *args: Any, **kwargs: Any) -> dict:
+    def _command(self, call: SkillCall, method: str, *args: Any, **kwargs: Any
+                 ) -> dict[str, Any]:
         """Send one command and raise when its ``Response`` carries a non-zero code."""
         reply = self._rpc(call.text, getattr(self.client, method), *args, **kwargs)
         if isinstance(reply, dict):

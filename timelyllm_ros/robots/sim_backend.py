@@ -19,9 +19,9 @@ import numpy as np
 
 from timelyllm_ros.clock import Clock
 from timelyllm_ros.errors import RobotError
+from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend, wait_on
-from timelyllm_ros.segmenter import SkillCall
 
 logger = logging.getLogger(__name__)
 

@@ -55,9 +55,9 @@ from typing import Any
 
 from timelyllm_ros.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
+from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend, wait_on
-from timelyllm_ros.segmenter import SkillCall
 
 logger = logging.getLogger(__name__)
 
@@ -305,7 +305,8 @@ class TelloBackend(RobotBackend):
         skill = call.skill
         if skill in MOTION_COMMANDS:
             value = next(iter(call.args.values()))
-            return self._motion(call, f'{MOTION_COMMANDS[skill]} {int(value)}')
+            self._motion(call, f'{MOTION_COMMANDS[skill]} {int(value)}')
+            return None
         if skill == 'takeoff':
             self._motion(call, 'takeoff')
             self._flying = True

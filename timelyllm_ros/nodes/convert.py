@@ -18,10 +18,11 @@ from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
 from timelyllm_ros.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
 from timelyllm_ros.goals import MAX_TASK_CHARS, UNREADABLE_CHARS
 from timelyllm_ros.metrics import task_metrics
+from timelyllm_ros.plan import Statement
 from timelyllm_ros.profiles import RobotProfile, check_profile_name, clip
 from timelyllm_ros.request import Generation, Segment, TaskStatus
 from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.segmenter import Statement, segment_text
+from timelyllm_ros.segmenter import segment_text
 from timelyllm_ros.service import PlanGoal
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 

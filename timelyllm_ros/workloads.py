@@ -16,9 +16,9 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from lrtrace.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
 from timelyllm_ros.errors import TufError, WorkloadError
 from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
 from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 AUTHORS_DIR = DATA_DIR / 'authors'

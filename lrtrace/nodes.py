@@ -21,14 +21,14 @@ from rclpy.exceptions import ParameterException
 from rclpy.node import Node
 from rclpy.task import Future
 from std_msgs.msg import String
+from timelyllm_ros.msg import Segment, SegmentDone, SkillExecution
 
 from lrtrace.recorder import TraceRecorder
 from lrtrace.replay import LiveReplay
-from lrtrace.workloads import resolve_workload
 from timelyllm_ros.errors import TimelyError
-from timelyllm_ros.msg import Segment, SegmentDone, SkillExecution
-from timelyllm_ros.nodes import _convert
-from timelyllm_ros.nodes._spin import spin_until_shutdown
+from timelyllm_ros.nodes import convert
+from timelyllm_ros.nodes.spin import spin_until_shutdown
+from timelyllm_ros.workloads import resolve_workload
 
 
 class LrtraceRecorderNode(Node):
@@ -50,16 +50,16 @@ class LrtraceRecorderNode(Node):
     def segment_callback(self, msg: Segment) -> None:
         self.recorder.record_segment_fields(
             msg.robot_id, msg.goal_id, msg.index, msg.text, list(msg.skills), msg.is_last,
-            _convert.seconds(msg.generated_stamp), msg.estimated_execution_s)
+            convert.seconds(msg.generated_stamp), msg.estimated_execution_s)
 
     def done_callback(self, msg: SegmentDone) -> None:
         self.recorder.record_segment_done(
-            msg.robot_id, msg.goal_id, msg.index, _convert.seconds(msg.start_stamp),
-            _convert.seconds(msg.end_stamp), msg.success, msg.error)
+            msg.robot_id, msg.goal_id, msg.index, convert.seconds(msg.start_stamp),
+            convert.seconds(msg.end_stamp), msg.success, msg.error)
 
     def skill_callback(self, msg: SkillExecution) -> None:
         self.recorder.record_skill(msg.robot_id, msg.goal_id, msg.segment_index,
-                                   _convert.skill_record_from_msg(msg))
+                                   convert.skill_record_from_msg(msg))
 
     def destroy_node(self) -> None:
         self.recorder.close()
@@ -134,7 +134,7 @@ class LrtraceReplayerNode(Node):
                 f'{", ".join(f"{r} ({k})" for r, k in self.replay.robots.items())}')
         for dispatch in self.replay.due(now - self.start):
             task = dispatch.task
-            self.publishers_[dispatch.robot].publish(String(data=_convert.task_payload(
+            self.publishers_[dispatch.robot].publish(String(data=convert.task_payload(
                 task.task, task.task_id, dispatch.urgency, task.tuf)))
             self.last_activity = now
             self.get_logger().info(f'{task.task_id} ({task.task_type}, {task.task_class}) at '
@@ -148,7 +148,7 @@ class LrtraceReplayerNode(Node):
 
     def result_callback(self, msg: String) -> None:
         try:
-            report = _convert.parse_report(msg.data)
+            report = convert.parse_report(msg.data)
         except ValueError as err:
             self.get_logger().warning(str(err))
             return
