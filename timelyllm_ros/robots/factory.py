@@ -1,6 +1,6 @@
 """Open a robot backend by name: ``sim`` | ``emulator`` | ``real``, the one way to get a robot.
 
-The controller nodes, the command lines and ``lrtrace profile`` all open their robots here:
+The controller nodes and ``lrtrace profile`` open their robots here:
 
 * ``sim`` -- :class:`~timelyllm_ros.robots.sim_backend.SimulatedBackend`: sleeps per the
   execution-time model (seeded, with optional jitter);
