@@ -22,6 +22,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -101,8 +102,9 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
                 options: RobotOptions) -> Robot:
     from timelyllm_ros.robots.tello import TelloBackend, client_state_port
 
-    timeout = ({} if options.command_timeout_s is None
-               else {'command_timeout_s': options.command_timeout_s})
+    # Only the options given: the backends keep their own defaults for the others.
+    timeout: dict[str, Any] = ({} if options.command_timeout_s is None
+                               else {'command_timeout_s': options.command_timeout_s})
     if backend == 'real':
         try:
             host = socket.gethostbyname(address or TELLO_HOST)
@@ -118,7 +120,8 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
     # process picks a free one, so several controller processes can share a host.
     state_port = client_state_port() or _free_udp_port()
     host = address or (_loopback_host() if options.own_loopback_host else '127.0.0.1')
-    battery = {'drain_per_s': 0.0, 'idle_drain_per_s': 0.0} if options.endless_battery else {}
+    battery: dict[str, Any] = ({'drain_per_s': 0.0, 'idle_drain_per_s': 0.0}
+                               if options.endless_battery else {})
     emulator = TelloEmulator(host, 0, state_port, profile=profile,
                              time_scale=options.time_scale, **battery)
     try:
@@ -154,7 +157,7 @@ def _open_indy7(profile: RobotProfile, backend: str, address: str | None,
                 options: RobotOptions) -> Robot:
     from timelyllm_ros.robots.indy7 import Indy7Backend
 
-    tuning = {name: value for name, value in (
+    tuning: dict[str, Any] = {name: value for name, value in (
         ('poll_interval_s', options.poll_interval_s),
         ('motion_timeout_s', options.motion_timeout_s),
         ('gripper_wait_s', options.gripper_wait_s)) if value is not None}
