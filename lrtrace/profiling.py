@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from lrtrace.recorder import TraceRecorder
@@ -294,7 +295,7 @@ class _Rig:
         """Best-effort safe state after a failed run."""
 
 
-class _ReplyStamps(list):  # type: ignore[type-arg]
+class _ReplyStamps(list[Any]):
     """djitellopy's reply list of one drone that stamps each reply's arrival on a clock."""
 
     def __init__(self, clock: Clock, items: Sequence[Any] = ()) -> None:
@@ -310,7 +311,7 @@ class _ReplyStamps(list):  # type: ignore[type-arg]
 class _TelloRig(_Rig):
     """TelloBackend with reply stamping and the inter-command pause outside the calls."""
 
-    def __init__(self, backend: Any, clock: Clock, description: str, ip: str,
+    def __init__(self, backend: RobotBackend, clock: Clock, description: str, ip: str,
                  meta: Mapping[str, str]) -> None:
         super().__init__(backend, clock, description, meta)
         self.ip = ip
@@ -320,7 +321,7 @@ class _TelloRig(_Rig):
         self._mark = 0
         self._last_end = -math.inf
 
-    def _client_module(self) -> Any:
+    def _client_module(self) -> ModuleType | None:
         # djitellopy is imported by TelloBackend.connect(); it is looked up, never imported
         # here (vendor libraries are imported only by their wrapper).
         return sys.modules.get('djitellopy.tello')
@@ -412,17 +413,18 @@ def _tello_rig(profile: RobotProfile, backend: str, time_scale: float,
                            command_timeout_s=2.0 if emulated else None)
     with _quiet_djitellopy():
         robot = open_robot(profile, _robot_backend_name(backend), host, clock, options)
-        meta = {'emulator': 'TelloEmulator'} if emulated else {}
-        meta['measurement'] = (
-            "end of a call = arrival of the drone's reply at djitellopy's receiver "
-            '(stamped by the profiler; djitellopy itself polls every 100 ms); '
-            "djitellopy's TIME_BTW_COMMANDS pause kept between calls")
-        rig = _TelloRig(robot.backend, clock, robot.description, robot.address, meta)
         try:
-            yield rig
+            meta = dict(robot.meta, measurement=(
+                "end of a call = arrival of the drone's reply at djitellopy's receiver "
+                '(stamped by the profiler; djitellopy itself polls every 100 ms); '
+                "djitellopy's TIME_BTW_COMMANDS pause kept between calls"))
+            rig = _TelloRig(robot.backend, clock, robot.description, robot.address, meta)
+            try:
+                yield rig
+            finally:
+                rig.meta['stamped_calls'] = str(rig.stamped)
+                rig.meta['unstamped_calls'] = str(rig.unstamped)
         finally:
-            rig.meta['stamped_calls'] = str(rig.stamped)
-            rig.meta['unstamped_calls'] = str(rig.unstamped)
             robot.close()
 
 
@@ -438,20 +440,20 @@ def _indy7_rig(profile: RobotProfile, backend: str, time_scale: float, host: str
         options = RobotOptions(time_scale=time_scale, poll_interval_s=0.002,
                                motion_timeout_s=30.0,
                                gripper_wait_s=min(gripper.values(), default=0.5), poses=poses)
-        meta = {'emulator': 'Indy7Emulator',
-                'measurement': ('executor clock around each call; Indy7Backend polls the '
-                                'motion state every 2 ms')}
+        measurement = ('executor clock around each call; Indy7Backend polls the motion '
+                       'state every 2 ms')
         detail = ' (gripper: the backend waits the grip/release time x time_scale)'
     else:
         gripper = {}
         options = RobotOptions(poll_interval_s=0.01, poses=poses)
-        meta = {'measurement': ('executor clock around each call; Indy7Backend polls the '
-                                'motion state every 10 ms')}
+        measurement = ('executor clock around each call; Indy7Backend polls the motion '
+                       'state every 10 ms')
         detail = ''
     address = host if backend == 'emulator' else host or '127.0.0.1'
     robot = open_robot(profile, _robot_backend_name(backend), address, clock, options)
     try:
         assert isinstance(robot.backend, Indy7Backend)
+        meta = dict(robot.meta, measurement=measurement)
         yield _Indy7Rig(robot.backend, clock, robot.description + detail, meta, gripper)
     finally:
         robot.close()

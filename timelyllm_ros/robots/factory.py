@@ -13,16 +13,22 @@ The controller nodes and ``lrtrace profile`` open their robots here:
 measures with tighter ones), and arm poses. Arm objects are named poses: with the emulator
 every object name gets a reachable pose derived from the name (there is no camera); on a real
 arm pass ``poses`` measured on the cell.
+
+:func:`open_robot` returns a :class:`Robot`: the connected backend, a human-readable
+description and the ``meta`` a bag records about it (which emulator, if any), the emulator
+object itself, and :meth:`Robot.close`, which closes the backend and then stops the emulator.
+Vendor clients and emulators are imported only when a robot is opened.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +36,10 @@ from timelyllm_ros.clock import Clock
 from timelyllm_ros.errors import RobotError
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
+
+if TYPE_CHECKING:
+    from timelyllm_ros.robots.emulators.indy7 import Indy7Emulator
+    from timelyllm_ros.robots.emulators.tello import TelloEmulator
 
 BACKENDS = ('sim', 'emulator', 'real')
 TELLO_HOST = '192.168.10.1'        # the drone's own Wi-Fi access point
@@ -54,6 +64,22 @@ class RobotOptions:
     seed: int = 0                        # sim: seeds the sampled durations
     jitter: float = 0.0                  # sim: relative jitter of the durations
 
+    def problem(self) -> str | None:
+        """What is wrong with these options, or None."""
+        if not (math.isfinite(self.time_scale) and self.time_scale >= 0):
+            return f'time_scale must be a finite number >= 0, got {self.time_scale}'
+        if not (math.isfinite(self.jitter) and self.jitter >= 0):
+            return f'jitter must be a finite number >= 0, got {self.jitter}'
+        for name, value in (('command_timeout_s', self.command_timeout_s),
+                            ('poll_interval_s', self.poll_interval_s),
+                            ('motion_timeout_s', self.motion_timeout_s)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                return f'{name} must be a finite number > 0, got {value}'
+        if self.gripper_wait_s is not None and not (math.isfinite(self.gripper_wait_s)
+                                                    and self.gripper_wait_s >= 0):
+            return f'gripper_wait_s must be a finite number >= 0, got {self.gripper_wait_s}'
+        return None
+
 
 @dataclass(slots=True)
 class Robot:
@@ -62,7 +88,8 @@ class Robot:
     backend: RobotBackend
     description: str                     # human-readable, e.g. for a bag's metadata
     address: str = ''                    # where the client talks to
-    emulator: object | None = None       # the emulator started for it, if any
+    emulator: TelloEmulator | Indy7Emulator | None = None   # started for it, if any
+    meta: dict[str, str] = field(default_factory=dict)      # for a bag: {'emulator': class}
     _closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:
@@ -77,12 +104,16 @@ def open_robot(profile: RobotProfile, backend: str, address: str | None, clock: 
     """Build and connect a robot.
 
     Raises:
-        RobotError: unknown backend name, a robot kind without a vendor backend, or a robot
-            (or emulator) that does not start or answer. Nothing is left running then.
+        RobotError: unknown backend name, a robot kind without a vendor backend, invalid
+            options, or a robot (or emulator) that does not start or answer. Nothing is left
+            running then.
     """
     options = options or RobotOptions()
     if backend not in BACKENDS:
         raise RobotError(f'unknown backend {backend!r}; available: {", ".join(BACKENDS)}')
+    problem = options.problem()
+    if problem is not None:
+        raise RobotError(f'{profile.name}: {problem}')
     if backend == 'sim':
         from timelyllm_ros.robots.sim_backend import SimulatedBackend
 
@@ -110,7 +141,10 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
             host = socket.gethostbyname(address or TELLO_HOST)
         except OSError as err:
             raise RobotError(f'cannot resolve the Tello host {address!r}: {err}') from None
-        drone = TelloBackend(profile, host=host, clock=clock, **timeout)
+        try:
+            drone = TelloBackend(profile, host=host, clock=clock, **timeout)
+        except ValueError as err:
+            raise RobotError(f'tello: {err}') from None
         drone.connect()
         return Robot(drone, f'Tello at {host} through djitellopy (TelloBackend); hardware',
                      host, _closers=[drone.close])
@@ -122,23 +156,26 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
     host = address or (_loopback_host() if options.own_loopback_host else '127.0.0.1')
     battery: dict[str, Any] = ({'drain_per_s': 0.0, 'idle_drain_per_s': 0.0}
                                if options.endless_battery else {})
-    emulator = TelloEmulator(host, 0, state_port, profile=profile,
-                             time_scale=options.time_scale, **battery)
     try:
-        emulator.start()
-    except OSError as err:
+        emulator = TelloEmulator(host, 0, state_port, profile=profile,
+                                 time_scale=options.time_scale, **battery).start()
+    except (OSError, ValueError) as err:
         raise RobotError(f'cannot start the Tello emulator on {host}: {err}') from None
-    drone = TelloBackend(profile, host=emulator.address[0], control_port=emulator.port,
-                         state_port=state_port, clock=clock, **timeout)
     try:
+        drone = TelloBackend(profile, host=emulator.address[0], control_port=emulator.port,
+                             state_port=state_port, clock=clock, **timeout)
         drone.connect()
-    except RobotError:
+    except ValueError as err:
+        emulator.stop()
+        raise RobotError(f'tello: {err}') from None
+    except BaseException:
         emulator.stop()
         raise
     description = (f'TelloEmulator on {host}:{emulator.port} driven through djitellopy by '
                    f'TelloBackend; emulated timing = profile {profile.name} models x '
                    f'time_scale {options.time_scale:g}; not hardware')
-    return Robot(drone, description, host, emulator, [drone.close, emulator.stop])
+    return Robot(drone, description, host, emulator, {'emulator': 'TelloEmulator'},
+                 [drone.close, emulator.stop])
 
 
 def _free_udp_port() -> int:
@@ -164,7 +201,10 @@ def _open_indy7(profile: RobotProfile, backend: str, address: str | None,
     if backend == 'real':
         if address is None:
             raise RobotError('the real Indy7 backend needs the controller address')
-        arm = Indy7Backend(profile, host=address, poses=options.poses, **tuning)
+        try:
+            arm = Indy7Backend(profile, host=address, poses=options.poses, **tuning)
+        except ValueError as err:
+            raise RobotError(f'indy7: {err}') from None
         arm.connect()
         return Robot(arm, f'Indy7 at {arm.address} through IndyDCP3 (Indy7Backend); hardware',
                      address, _closers=[arm.close])
@@ -173,16 +213,21 @@ def _open_indy7(profile: RobotProfile, backend: str, address: str | None,
     try:
         emulator = Indy7Emulator(host=address or '127.0.0.1', profile=profile,
                                  time_scale=options.time_scale).start()
-    except (OSError, ImportError) as err:
+    except (OSError, ImportError, ValueError) as err:
         raise RobotError(f'cannot start the Indy7 emulator: {err}') from None
-    arm = Indy7Backend(profile, host=emulator.host, port=emulator.port, poses=options.poses,
-                       derive_unknown_poses=options.poses is None, **tuning)
     try:
+        arm = Indy7Backend(profile, host=emulator.host, port=emulator.port,
+                           poses=options.poses, derive_unknown_poses=options.poses is None,
+                           **tuning)
         arm.connect()
-    except RobotError:
+    except ValueError as err:
+        emulator.stop()
+        raise RobotError(f'indy7: {err}') from None
+    except BaseException:
         emulator.stop()
         raise
     description = (f'Indy7Emulator on {emulator.address} driven through IndyDCP3 by '
                    f'Indy7Backend; emulated timing = profile {profile.name} models x '
                    f'time_scale {options.time_scale:g}; not hardware')
-    return Robot(arm, description, emulator.address, emulator, [arm.close, emulator.stop])
+    return Robot(arm, description, emulator.address, emulator, {'emulator': 'Indy7Emulator'},
+                 [arm.close, emulator.stop])
