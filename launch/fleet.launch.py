@@ -2,6 +2,11 @@
 
     ros2 launch timelyllm_ros fleet.launch.py drones:=3 arms:=1 backend:=sim engine:=sim \
         policy:=timelyllm record:=true bag:=/tmp/fleet_bag
+    ros2 launch timelyllm_ros fleet.launch.py engine:=cpu model:=smollm2 \
+        engine_options:='threads=2 kv_tokens=8192' backend:=emulator
+
+Every planner parameter (timelyllm_ros.nodes.planner.PARAMETERS) is a launch argument of the
+same name (``ros2 launch timelyllm_ros fleet.launch.py --show-args`` lists them).
 
 Each controller runs in its own namespace (``drone_0``, ``arm_0``, …): send it a task with
 ``ros2 topic pub --once /drone_0/task std_msgs/msg/String "{data: 'find the cat'}"``. A robot
@@ -14,6 +19,9 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
 from launch_ros.actions import Node
+from launch_ros.parameter_descriptions import ParameterValue
+
+from timelyllm_ros.nodes.planner import PARAMETERS as PLANNER_PARAMETERS
 
 
 def _controllers(context, *args, **kwargs):
@@ -38,10 +46,9 @@ def generate_launch_description():
         DeclareLaunchArgument('arms', default_value='1', description='arm controllers'),
         DeclareLaunchArgument('backend', default_value='sim',
                               description='robot backend: sim | emulator | real'),
-        DeclareLaunchArgument('engine', default_value='sim', description='LLM engine'),
-        DeclareLaunchArgument('policy', default_value='timelyllm',
-                              description='scheduling policy'),
-        DeclareLaunchArgument('max_batch', default_value='0', description='0 = engine limit'),
+        *[DeclareLaunchArgument(name, default_value=str(default),
+                                description=descriptor.description)
+          for name, default, descriptor in PLANNER_PARAMETERS],
         DeclareLaunchArgument('max_queued_tasks', default_value='8',
                               description='tasks a busy robot queues (FIFO) before refusing'),
         DeclareLaunchArgument('record', default_value='false',
@@ -49,9 +56,8 @@ def generate_launch_description():
         DeclareLaunchArgument('bag', default_value='fleet_bag',
                               description='bag directory of the recorder'),
         Node(package='timelyllm_ros', executable='planner', name='planner', output='screen',
-             parameters=[{'engine': LaunchConfiguration('engine'),
-                          'policy': LaunchConfiguration('policy'),
-                          'max_batch': LaunchConfiguration('max_batch')}]),
+             parameters=[{name: ParameterValue(LaunchConfiguration(name), value_type=type(default))
+                          for name, default, _ in PLANNER_PARAMETERS}]),
         OpaqueFunction(function=_controllers),
         Node(package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
              output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],

@@ -19,7 +19,7 @@ from typing import Any
 
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import Engine, create_engine
-from timelyllm_ros.errors import EngineError, PolicyError
+from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
 from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
 from timelyllm_ros.policies import create_policy
@@ -45,16 +45,14 @@ class EngineOptions:
     options: tuple[tuple[str, object], ...] = ()    # extra keyword options of a real engine
 
     def build(self) -> Engine:
-        if self.name == 'sim':
-            return create_engine('sim', calibration=self.calibration,
-                                 prefix_caching=self.prefix_caching)
-        options = dict(self.options)
+        """The engine, through :func:`~timelyllm_ros.engines.create_engine` (EngineError for an
+        option it does not take), warmed up."""
+        options: dict[str, Any] = dict(self.options)
+        if self.calibration is not None:
+            options['calibration'] = self.calibration
         if not self.prefix_caching:
             options['prefix_caching'] = False
-        try:
-            engine = create_engine(self.name, **options)
-        except TypeError as err:       # an option this engine does not take
-            raise EngineError(f'engine {self.name!r}: {err}') from None
+        engine = create_engine(self.name, **options)
         engine.warmup()          # first-call allocations stay out of the measured run
         return engine
 

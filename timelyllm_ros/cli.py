@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from timelyllm_ros.errors import run_command
 from timelyllm_ros.scheduler import SchedulerConfig
@@ -34,32 +35,28 @@ def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return name, tasks
 
 
+if TYPE_CHECKING:
+    from timelyllm_ros.engines import Engine
+
+
 def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """EngineOptions from --engine, --model, --engine-opt, --calibration, --no-prefix-cache."""
     from timelyllm_ros.bench import EngineOptions
 
     return EngineOptions(args.calibration, not args.no_prefix_cache, args.engine,
-                         tuple(_real_engine_options(args).items()))
+                         tuple(_engine_option_values(args).items()))
 
 
-def _real_engine_options(args: argparse.Namespace) -> dict[str, object]:
-    """Keyword options of a real engine (none for the simulator)."""
-    import yaml
+def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options of the command line: ``--model``, ``--engine-opt KEY=VALUE`` and,
+    for a real engine, ``--force-script``/``--free-generation`` (create_engine checks them)."""
+    from timelyllm_ros.engines import parse_engine_options
 
-    from timelyllm_ros.errors import EngineError
-
-    if args.engine == 'sim':
-        return {}
-    options: dict[str, object] = {}
-    if getattr(args, 'model', None):
+    options: dict[str, Any] = dict(parse_engine_options(args.engine_opt or []))
+    if args.model:
         options['model'] = args.model
-    if getattr(args, 'force_script', None) is not None:
+    if args.engine != 'sim' and args.force_script is not None:
         options['force_script'] = args.force_script
-    for item in getattr(args, 'engine_opt', None) or []:
-        key, sep, value = item.partition('=')
-        if not sep or not key:
-            raise EngineError(f'--engine-opt wants KEY=VALUE, got {item!r}')
-        options[key.strip().replace('-', '_')] = yaml.safe_load(value)
     return options
 
 
@@ -176,16 +173,13 @@ def cmd_simspeed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_engine(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _create_engine(args: argparse.Namespace) -> Engine:
     from timelyllm_ros.engines import create_engine
-    from timelyllm_ros.errors import EngineError
 
-    if args.engine == 'sim':
-        return create_engine('sim', calibration=args.calibration)
-    try:
-        return create_engine(args.engine, **_real_engine_options(args))
-    except TypeError as err:           # an option this engine does not take
-        raise EngineError(f'engine {args.engine!r}: {err}') from None
+    options = _engine_option_values(args)
+    if args.calibration is not None:
+        options['calibration'] = args.calibration
+    return create_engine(args.engine, **options)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -89,25 +89,37 @@ class PlannerService:
         self.loop_failures = 0          # loop iterations that raised, in all
 
     @classmethod
-    def create(cls, policy: str = 'timelyllm', engine: str = 'sim',
+    def create(cls, policy: str = 'timelyllm', engine: str = 'sim', model: str | None = None,
+               engine_options: Mapping[str, object] | None = None,
                calibration: str | None = None, max_batch: int | None = None,
                comm_s: float = 0.008, profiles_dir: str | None = None,
                config: SchedulerConfig | None = None) -> PlannerService:
-        """Build a service over a new engine (the simulator runs in real time).
+        """Build a service over a new engine, e.g. ``create(engine='cpu', model='smollm2')``
+        (the simulator runs in real time).
 
-        ``config`` overrides ``comm_s`` and ``max_batch`` with every scheduler parameter
-        (report deadlines included).
+        ``engine_options`` are the engine's own options (text values are converted); the
+        simulator also takes ``calibration``. ``config`` overrides ``comm_s`` and
+        ``max_batch`` with every scheduler parameter (report deadlines included).
+
+        Raises:
+            EngineError: an unknown engine, an option it does not take, or one it failed with.
+            PolicyError: an unknown policy.
         """
-        options: dict[str, object] = {'calibration': calibration}
+        options = dict(engine_options or {})
+        if calibration is not None:
+            options['calibration'] = calibration
         if engine == 'sim':
-            options['realtime'] = True
-        built: Engine = create_engine(engine, **options)
+            options.setdefault('realtime', True)
+        built: Engine = create_engine(engine, model=model, **options)
+        try:
+            def profiles(name: str) -> RobotProfile:
+                return load_profile(name, profiles_dir)
 
-        def profiles(name: str) -> RobotProfile:
-            return load_profile(name, profiles_dir)
-
-        config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch)
-        scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
+            config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch)
+            scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
+        except Exception:
+            built.close()
+            raise
         return cls(scheduler)
 
     # -- callers' side (any thread) ----------------------------------------------------------

@@ -196,3 +196,22 @@ def test_a_goal_without_execution_tracking_ends_when_generated(fleet):
     assert result.success and result.segment_count == 2 == len(events)
     assert result.plan == ''.join(e[3] for e in events)
     assert result.response_time_s == -1.0     # nobody executed it
+
+
+def test_planner_parameters_are_described_and_read_only(fleet):
+    planner = fleet[0]
+    for name in ('engine', 'model', 'engine_options', 'calibration', 'policy', 'max_batch',
+                 'comm_s', 'profiles_dir', 'state_period_s'):
+        descriptor = planner.describe_parameter(name)
+        assert descriptor.description and descriptor.read_only, name
+    assert planner.describe_parameter('max_batch').integer_range[0].to_value == 4096
+    result = planner.set_parameters([Parameter('max_batch', Parameter.Type.INTEGER, 3)])[0]
+    assert not result.successful                      # read-only: needs a restart
+
+
+def test_an_engine_option_the_engine_does_not_take_stops_the_planner_with_the_reason(fleet):
+    from timelyllm_ros.errors import EngineError
+
+    with pytest.raises(EngineError, match="engine 'sim' takes no option 'warp'"):
+        PlannerNode(namespace='bad_option', parameter_overrides=[
+            Parameter('engine_options', Parameter.Type.STRING, 'warp=1 max_num_seqs=4')])

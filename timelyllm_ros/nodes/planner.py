@@ -14,12 +14,19 @@ import time
 
 import rclpy
 from builtin_interfaces.msg import Time
+from rcl_interfaces.msg import (
+    FloatingPointRange,
+    IntegerRange,
+    ParameterDescriptor,
+    ParameterType,
+)
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import String
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.engines import ENGINES, parse_engine_options
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.msg import SchedulerState, Segment, SegmentDone
 from timelyllm_ros.nodes import convert
@@ -32,17 +39,14 @@ class PlannerNode(Node):
 
     def __init__(self, **node_options: object) -> None:
         super().__init__('planner', **node_options)
-        self.declare_parameter('engine', 'sim')
-        self.declare_parameter('model', '')
-        self.declare_parameter('policy', 'timelyllm')
-        self.declare_parameter('profiles_dir', '')
-        self.declare_parameter('max_batch', 0)
-        self.declare_parameter('calibration', '')
-        self.declare_parameter('comm_s', 0.008)
-        self.declare_parameter('state_period_s', 0.2)
+        for name, default, descriptor in PARAMETERS:
+            self.declare_parameter(name, default, descriptor)
         param = self.get_parameter
         self.service = PlannerService.create(
             policy=param('policy').value, engine=param('engine').value,
+            model=param('model').value or None,
+            engine_options=parse_engine_options(
+                param('engine_options').value.replace(',', ' ').split()),
             calibration=param('calibration').value or None,
             max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
             profiles_dir=param('profiles_dir').value or None)
@@ -133,10 +137,56 @@ class PlannerNode(Node):
         super().destroy_node()
 
 
+def _descriptor(description: str, kind: int, read_only: bool = True,
+                integer: tuple[int, int] | None = None,
+                floating: tuple[float, float] | None = None) -> ParameterDescriptor:
+    descriptor = ParameterDescriptor(description=description, type=kind, read_only=read_only)
+    if integer is not None:
+        descriptor.integer_range = [IntegerRange(from_value=integer[0], to_value=integer[1],
+                                                 step=1)]
+    if floating is not None:
+        descriptor.floating_point_range = [FloatingPointRange(
+            from_value=floating[0], to_value=floating[1], step=0.0)]
+    return descriptor
+
+
+_STR, _INT, _FLOAT = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_INTEGER,
+                      ParameterType.PARAMETER_DOUBLE)
+PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
+    ('engine', 'sim', _descriptor(f'LLM engine: {" | ".join(ENGINES)} (sim: the calibrated '
+                                  f'simulator)', _STR)),
+    ('model', '', _descriptor('model of a real engine (cpu: smollm2, gemma3-270m or a .gguf '
+                              'path; transformers/vllm: a local model folder)', _STR)),
+    ('engine_options', '', _descriptor(
+        "the engine's own options, KEY=VALUE separated by spaces or commas (e.g. 'threads=2 "
+        "kv_tokens=8192'); an option the engine does not take stops the planner with the "
+        'reason', _STR)),
+    ('calibration', '', _descriptor('latency calibration of the simulator (name or YAML '
+                                    'path; empty: the bundled default)', _STR)),
+    ('policy', 'timelyllm', _descriptor('scheduling policy (timelyllm, vllm, seg-edf, '
+                                        'semantic, autellix-plas, timebill, slice, ...)', _STR)),
+    ('max_batch', 0, _descriptor('fixed batch cap (0: the engine limit)', _INT,
+                                 integer=(0, 4096))),
+    ('comm_s', 0.008, _descriptor('one-way network latency to the robots (s)', _FLOAT,
+                                  floating=(0.0, 10.0))),
+    ('profiles_dir', '', _descriptor('folder of robot profile YAMLs (empty: the bundled ones)',
+                                     _STR)),
+    ('state_period_s', 0.2, _descriptor('period of scheduler_state (s)', _FLOAT,
+                                        floating=(0.01, 60.0))),
+)
+"""The planner's parameters: each needs a restart to change (read-only), with its range."""
+
+
 EXECUTOR_THREADS = 128
 """Each goal holds one executor thread while it streams; this bounds concurrent goals."""
 
 
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
-    spin_until_shutdown(PlannerNode(), num_threads=EXECUTOR_THREADS)
+    try:
+        node = PlannerNode()
+    except TimelyError as err:   # a bad engine, model, option or policy: say why, no traceback
+        rclpy.logging.get_logger('planner').fatal(f'the planner cannot start: {err}')
+        rclpy.try_shutdown()
+        raise SystemExit(1) from None
+    spin_until_shutdown(node, num_threads=EXECUTOR_THREADS)
