@@ -146,6 +146,11 @@ def test_evict_to_host_and_back(engine: LlamaCppEngine, reference: tuple[int, ..
     assert ids == reference
     assert engine.swap_outs == swaps_out + 2 and engine.swap_ins == swaps_in + 2
     assert 0 < engine.swap_bytes / engine.swap_outs < 10 << 20   # one sequence, not the state
+    stats = engine.stats()                      # restores only (the attributes: both ways)
+    assert stats.swap_bytes == engine.swap_in_bytes > 0 and stats.swap_s == engine.swap_in_s > 0
+    assert stats.swap_bytes < engine.swap_bytes and stats.swap_s < engine.swap_s
+    # a restore brings back the sequence's cells: at least its kept tokens' KV
+    assert stats.swap_bytes >= 2 * len(engine.tokenize(PROMPT)) * stats.kv_bytes_per_token
     engine.release('host')
 
 
@@ -220,16 +225,20 @@ def test_force_script_feeds_the_trace_tokens() -> None:
     engine.register(_request('forced', script=script, max_tokens=64))
     engine.run('forced')
     pieces = []
+    stepped: list[int] = []
     finished = None
     for _ in range(40):
         result = engine.step()
         pieces.append(result.text.get('forced', ''))
+        stepped.extend(result.token_ids.get('forced', ()))
         if 'forced' in result.finished:
             finished = result.finished['forced']
+            assert 'forced' not in result.token_ids       # the EOS step produces no id
             break
     assert ''.join(pieces) == 'mf(50);tc(90)'
     assert finished == 'eos'
-    assert engine.token_ids('forced') == tuple(engine.tokenize('mf(50);tc(90)', special=False))
+    forced = tuple(engine.tokenize('mf(50);tc(90)', special=False))
+    assert engine.token_ids('forced') == tuple(stepped) == forced   # the forced ids, reported
     engine.close()
 
 
@@ -284,7 +293,7 @@ def test_small_fleet_through_the_scheduler() -> None:
         (g.task_id, g.status.name, g.error) for g in result.generations]
     assert max(result.batch_sizes) >= 2
     assert engine.prefix_hit_tokens > 0           # one tello prompt prefix, shared
-    engine.close()  # type: ignore[attr-defined]
+    engine.close()
 
 
 def test_seg_overhead_identical_with_full_reuse() -> None:
@@ -365,6 +374,10 @@ def test_gemma3_resume_swap_and_recompute_are_identical() -> None:
 
 def test_step_results_carry_the_token_ids_and_stats_count_them() -> None:
     engine = _engine()
+    engine.warmup(steps=1)
+    assert engine.running == () and not engine._generations      # warm-up leaves nothing
+    warm_steps = engine.steps
+    assert warm_steps == 2 and engine.stats().steps == warm_steps
     engine.register(_request('ids'))
     engine.run('ids')
     ids: list[int] = []
@@ -378,8 +391,23 @@ def test_step_results_carry_the_token_ids_and_stats_count_them() -> None:
     assert b''.join(engine.piece(t) for t in ids).decode('utf-8', 'replace') == text
     stats = engine.stats()
     assert stats.model == 'SmolLM2-135M-Instruct.Q4_1' and stats.hardware == 'cpu'
-    assert stats.steps == engine.steps > 0 and stats.busy_s > 0
+    assert stats.steps == engine.steps > warm_steps and stats.busy_s == engine.busy_s > 0
     assert stats.kv_capacity_tokens == 4096 and stats.kv_bytes_per_token > 0
+    assert stats.swap_bytes == 0 and stats.swap_s == 0.0          # nothing was swapped
     assert engine.supports('evict') and not engine.supports('compress_kv')
+    assert not engine.supports('grammar') and not engine.supports('scripted_plans')
     engine.close()
     engine.close()                                    # idempotent
+    with pytest.raises(EngineError, match='closed'):  # not a use of freed memory
+        engine.register(_request('late'))
+    assert engine.step().text == {} and engine.running == ()
+
+
+def test_engine_is_a_context_manager() -> None:
+    with _engine() as engine:
+        engine.register(_request('ctx', max_tokens=2))
+        engine.run('ctx')
+        while engine.running:
+            engine.step()
+    with pytest.raises(EngineError, match='closed'):
+        engine.count_tokens('after close')

@@ -174,9 +174,11 @@ def test_forced_script_feeds_the_trace_tokens(tiny: TransformersEngine) -> None:
         tiny.force_script = False
     tiny.run('f')
     text, finished = '', None
+    stepped: list[int] = []
     for _ in range(100):
         result = tiny.step()
         text += result.text.get('f', '')
+        stepped.extend(result.token_ids.get('f', ()))
         if 'f' in result.finished:
             finished = result.finished['f']
             break
@@ -185,6 +187,8 @@ def test_forced_script_feeds_the_trace_tokens(tiny: TransformersEngine) -> None:
             tiny.run('f')
     assert text == ''.join(script) and finished == 'eos'
     assert len(tiny.token_ids('f')) == len(''.join(script))      # byte tokenizer
+    forced = tuple(tiny.tokenizer.encode(''.join(script), special=False))
+    assert tuple(stepped) == tiny.token_ids('f') == forced        # the forced ids, reported
     tiny.release('f')
     with pytest.raises(EngineError, match='no script'):
         tiny.force_script = True
@@ -284,9 +288,84 @@ def test_cuda_graph_decode_matches_eager_and_is_fast() -> None:
     compiled = TransformersEngine(**options)  # type: ignore[arg-type]
     assert compiled.static_cache and compiled.compile
     compiled.warmup((1, 2, 4))
-    eager = TransformersEngine(**options, static_cache=False, compile=False)  # type: ignore
+    eager = TransformersEngine(**options, static_cache=False, compile=False)  # type: ignore[arg-type]
     eager.warmup((1, 2, 4))
     prompts = PROMPTS[:4]
     assert _interleaved(compiled, prompts, 16, evict=False) == _interleaved(
         eager, prompts, 16, evict=False)
     assert compiled.decode_step_s(4) < eager.decode_step_s(4)
+    stats = compiled.stats()
+    assert stats.hardware == torch.cuda.get_device_name(compiled.device)
+    assert stats.kv_capacity_tokens == compiled.kv_budget_tokens > 0
+    # evicted to host memory and restored: a counted swap
+    compiled.register(_request('swap', PROMPTS[1], 4))
+    compiled.run('swap')
+    compiled.step()
+    kept = compiled._generations['swap'].cached
+    compiled.evict('swap', 'host')
+    compiled.run('swap')
+    compiled.step()
+    stats = compiled.stats()
+    assert stats.swap_bytes == kept * compiled.kv_bytes_per_token and stats.swap_s > 0
+    compiled.release('swap')
+    for engine in (compiled, eager):
+        engine.close()
+        engine.close()
+
+
+def test_step_results_carry_the_token_ids_and_the_text_decodes_from_them() -> None:
+    engine = _tiny()
+    engine.register(_request('ids', PROMPTS[1], 12))
+    engine.run('ids')
+    ids: list[int] = []
+    text = ''
+    while 'ids' in engine.running:
+        result = engine.step()
+        assert result.produced('ids') == len(result.token_ids.get('ids', ()))
+        assert ('ids' in result.token_ids) == ('ids' in result.text) or 'ids' in result.finished
+        ids.extend(result.token_ids.get('ids', ()))
+        text += result.text.get('ids', '')
+    assert tuple(ids) == engine.token_ids('ids') and 0 < len(ids) <= 12
+    assert engine.tokenizer.decode(ids) == text
+    engine.release('ids')
+
+
+def test_stats_report_the_engine_and_host_evictions_do_not_swap_on_cpu() -> None:
+    engine = _tiny(kv_budget_tokens=1000)
+    stats = engine.stats()
+    assert (stats.model, stats.hardware, stats.steps, stats.busy_s) == ('random:tiny', 'cpu',
+                                                                        0, 0.0)
+    assert stats.kv_capacity_tokens == 1000
+    assert stats.kv_bytes_per_token == engine.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
+    assert engine.supports('evict') and not engine.supports('compress_kv')
+    assert not engine.supports('grammar') and not engine.supports('scripted_plans')
+    engine.register(_request('e', PROMPTS[0], 6))
+    engine.run('e')
+    engine.step()
+    engine.evict('e', 'host')                 # supports('evict'): it does evict
+    assert engine.running == () and engine._generations['e'].location == 'host'
+    engine.run('e')
+    resumed = engine.step()
+    assert resumed.prefill_tokens == 0 and 'e' in resumed.token_ids
+    stats = engine.stats()
+    assert stats.steps == engine.steps == 2 and stats.busy_s == engine.busy_s > 0
+    assert stats.swap_bytes == 0 and stats.swap_s == 0.0    # the host is where the cache is
+    engine.release('e')
+
+
+def test_warmup_leaves_no_generation_and_fills_decode_estimates() -> None:
+    engine = _tiny()
+    engine.warmup((1, 2), steps=1)
+    assert engine.running == () and not engine._generations
+    assert {1, 2} <= set(engine.latency.decode_s) and engine.stats().steps == 4
+
+
+def test_close_is_idempotent_and_final() -> None:
+    with _tiny() as engine:
+        engine.register(_request('c', PROMPTS[2], 4))
+        engine.run('c')
+        engine.step()
+    assert engine.model is None and engine.running == () and engine.resident_tokens() == 0
+    engine.close()                            # idempotent
+    with pytest.raises(EngineError, match='closed'):
+        engine.register(_request('late', PROMPTS[2], 4))

@@ -43,6 +43,9 @@ def engine() -> VllmEngine:
     vllm = VllmEngine(MODEL, max_num_seqs=4, max_model_len=1024, kv_cache_gb=1)
     yield vllm
     vllm.close()
+    vllm.close()                                  # idempotent
+    with pytest.raises(EngineError, match='closed'):
+        vllm.register(_request('late', 'land'))
 
 
 def _prompt(task: str) -> str:
@@ -61,9 +64,12 @@ def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 
     engine.register(_request(request_id, task, max_tokens))
     engine.run(request_id)
     text, results, produced = '', [], 0
+    stepped: list[int] = []
     while request_id in engine.running:
         result = engine.step()
         results.append(result)
+        stepped.extend(result.token_ids.get(request_id, ()))
+        assert (request_id in result.text) == (request_id in result.token_ids)
         if request_id in result.text:
             text += result.text[request_id]
             produced += 1
@@ -72,6 +78,7 @@ def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 
                 engine.pause(request_id)
                 engine.run(request_id)
     ids = engine.token_ids(request_id)
+    assert tuple(stepped) == ids                  # every id handed out, once, in order
     engine.release(request_id)
     return ids, text, results
 
@@ -106,6 +113,7 @@ def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
         engine.force_script = False
     assert engine.running == ('f0', 'f1', 'f2')
     texts = dict.fromkeys(engine.running, '')
+    stepped: dict[str, list[int]] = {request_id: [] for request_id in texts}
     finished = {}
     usage = 0.0
     for _ in range(200):
@@ -113,6 +121,8 @@ def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
             break
         result = engine.step()
         usage = max(usage, engine.usage.kv_cache_usage)
+        for request_id, ids in result.token_ids.items():
+            stepped[request_id].extend(ids)
         for request_id, piece in result.text.items():
             texts[request_id] += piece
             if texts[request_id].endswith(');') and request_id == 'f1':
@@ -121,6 +131,9 @@ def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
         finished.update(result.finished)
     assert texts == dict.fromkeys(texts, ''.join(script))
     assert finished == dict.fromkeys(texts, 'eos')
+    forced = tuple(engine.tokenizer.encode(''.join(script), add_special_tokens=False))
+    for request_id, ids in stepped.items():     # the forced ids, without the closing EOS
+        assert tuple(ids) == engine.token_ids(request_id) == forced
     assert usage > 0.0                        # vLLM's KV usage reached the memory gate
     assert engine.decode_step_s(3) > 0
     for request_id in texts:
@@ -136,10 +149,24 @@ def test_admission_stays_with_the_caller(engine: VllmEngine) -> None:
     assert not engine.can_run('a4')                       # max_num_seqs
     with pytest.raises(EngineError, match='does not fit'):
         engine.run('a4')
-    with pytest.raises(EngineError, match='leaves KV placement'):
+    assert not engine.supports('evict')                  # KV placement stays with vLLM
+    with pytest.raises(EngineError, match='cannot evict'):
         engine.evict('a0', 'host')
     result = engine.step(only={'a0'})                     # the others idle, not decoding
     assert set(result.text) <= {'a0'} and engine.running == ('a0', 'a1', 'a2', 'a3')
     for i in range(5):
         engine.release(f'a{i}')
     assert engine.running == ()
+
+
+def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
+    _generate(engine, 'stats', 'land', 2)
+    stats = engine.stats()
+    assert stats.model == MODEL and stats.hardware == engine.hardware != ''
+    assert stats.kv_capacity_tokens == engine.num_blocks * engine.block_size > 0
+    assert stats.kv_bytes_per_token > 0                  # K and V, every layer
+    assert stats.kv_bytes_per_token % (2 * engine.llm.vllm_config.model_config.get_head_size()) \
+        == 0
+    assert stats.steps == engine.steps > 0 and stats.busy_s == engine.busy_s > 0
+    assert (stats.swap_bytes, stats.swap_s) == (0, 0.0)  # vLLM v1 recomputes, never swaps
+    assert engine.capabilities == frozenset()

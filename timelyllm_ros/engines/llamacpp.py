@@ -298,20 +298,29 @@ class LlamaCppEngine(Engine):
         self.prefix_hit_tokens = 0       # prompt tokens shared from a prefix sequence
         self.swap_outs = 0
         self.swap_ins = 0
-        self.swap_bytes = 0
+        self.swap_bytes = 0              # KV bytes copied to and from host memory
         self.swap_s = 0.0
+        self.swap_in_bytes = 0           # of which restored from host memory (stats())
+        self.swap_in_s = 0.0
         self.last_decode_batch = 0       # sequences in the last decode llama_decode call
 
     def stats(self) -> EngineStats:
+        """Capacity is the context's KV cells; swap figures are the restores from host memory
+        (``swap_bytes`` / ``swap_s`` attributes count both directions)."""
         return EngineStats(model=self.model_label, hardware='cpu', steps=self.steps,
                            busy_s=self.busy_s, kv_capacity_tokens=self.kv_tokens,
                            kv_bytes_per_token=self.kv_bytes_per_token,
-                           swap_bytes=self.swap_bytes, swap_s=self.swap_s)
+                           swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Free the llama.cpp context and model (the engine cannot be used afterwards)."""
+        """Free the llama.cpp context and model, and every KV copy kept in host memory
+        (idempotent; the engine cannot be used afterwards)."""
         llama = self._llama
+        for name in ('_generations', '_running', '_prefixes'):
+            kept = getattr(self, name, None)
+            if kept is not None:
+                kept.clear()
         if getattr(self, '_batch', None) is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
@@ -346,6 +355,7 @@ class LlamaCppEngine(Engine):
     # -- tokens -----------------------------------------------------------------------------
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """Token ids of a text (``special``: add BOS as the model wants)."""
+        self._check_open()
         llama = self._llama
         data = text.encode('utf-8')
         size = len(data) + 8
@@ -361,6 +371,7 @@ class LlamaCppEngine(Engine):
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (special tokens render as nothing)."""
+        self._check_open()
         llama = self._llama
         n = llama.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0,
                                        False)
@@ -565,6 +576,11 @@ class LlamaCppEngine(Engine):
             self.force_script = saved
 
     # -- internals -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        """The vocabulary belongs to the model: after close() it is freed memory."""
+        if not self._model:
+            raise EngineError('the llama.cpp engine is closed')
+
     def _get(self, request_id: str) -> _Generation:
         try:
             return self._generations[request_id]
@@ -652,7 +668,10 @@ class LlamaCppEngine(Engine):
         generation.host_state = None
         generation.location = 'device'
         self.swap_ins += 1
-        self._note_swap(len(buffer), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.swap_in_bytes += len(buffer)
+        self.swap_in_s += seconds
+        self._note_swap(len(buffer), seconds)
         return True
 
     def _note_swap(self, size: int, seconds: float) -> None:

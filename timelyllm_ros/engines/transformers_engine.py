@@ -46,6 +46,7 @@ model's and the content the trace's. Nothing is ever downloaded.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import time
@@ -331,6 +332,8 @@ class TransformersEngine(Engine):
         self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
         self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
         self.prefix_hit_tokens = 0       # prompt tokens copied from the prefix cache
+        self.swap_bytes = 0              # KV bytes restored from host memory (CUDA only)
+        self.swap_s = 0.0                # time those restores took
 
     # -- loading ----------------------------------------------------------------------------
     def _load(self, model: str, tokenizer: str | None, chat_template: bool, seed: int) -> Any:
@@ -421,6 +424,7 @@ class TransformersEngine(Engine):
 
     # -- Engine interface ------------------------------------------------------------------
     def register(self, request: EngineRequest) -> None:
+        self._check_open()
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
         prompt_ids = self.tokenizer.encode(request.prompt, special=True)
@@ -459,6 +463,7 @@ class TransformersEngine(Engine):
         return self.latency.prefill_s(tokens, default_tps=20000.0 if self.is_cuda else 200.0)
 
     def run(self, request_id: str) -> None:
+        self._check_open()
         generation = self._get(request_id)
         if request_id in self._running:
             return
@@ -482,22 +487,27 @@ class TransformersEngine(Engine):
         self._running.pop(request_id, None)
 
     def stats(self) -> EngineStats:
-        hardware = (self._torch.cuda.get_device_name(self.device) if self.is_cuda
+        """Capacity is the KV budget; swap figures count host-to-device restores (CUDA; on the
+        CPU a cache evicted to the host never moves)."""
+        hardware = (str(self._torch.cuda.get_device_name(self.device)) if self.is_cuda
                     else str(self.device))
         return EngineStats(model=self.model_name, hardware=hardware, steps=self.steps,
                            busy_s=self.busy_s, kv_capacity_tokens=self.kv_budget_tokens,
-                           kv_bytes_per_token=self.kv_bytes_per_token)
+                           kv_bytes_per_token=self.kv_bytes_per_token,
+                           swap_bytes=self.swap_bytes, swap_s=self.swap_s)
 
     def close(self) -> None:
-        """Drop the model and every kept KV cache (and the CUDA cache); idempotent."""
+        """Drop the model and every kept KV cache (and the CUDA cache); idempotent. The
+        engine is unusable afterwards."""
         self._generations.clear()
         self._running.clear()
         self._batch = None
         self._prefixes.clear()
         self._static_caches.clear()
         if self.model is not None:
-            self.model = None          # closed: the engine is unusable from here on
+            self.model = None
             self._decode_call = None
+            gc.collect()                  # compiled calls and caches may sit in cycles
             if self.is_cuda:
                 self._torch.cuda.empty_cache()
 
@@ -543,9 +553,7 @@ class TransformersEngine(Engine):
         for request_id in self._running:
             generation = generations[request_id]
             if generation.location == 'host':
-                generation.kv = [(k.to(self.device), v.to(self.device))
-                                 for k, v in generation.kv or ()]
-                generation.location = 'device'
+                self._restore(generation)
         prefilling = [r for r in self._running
                       if generations[r].location == 'none' or generations[r].pending > 1]
         with torch.inference_mode():
@@ -623,11 +631,34 @@ class TransformersEngine(Engine):
             self.force_script = saved_force
 
     # -- internals -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.model is None:
+            raise EngineError('the transformers engine is closed')
+
     def _get(self, request_id: str) -> _Generation:
         try:
             return self._generations[request_id]
         except KeyError:
             raise EngineError(f'unknown request {request_id!r}') from None
+
+    @staticmethod
+    def _kv(generation: _Generation) -> list[tuple[Any, Any]]:
+        """A generation's kept cache (it has one: it is resident)."""
+        if generation.kv is None:
+            raise EngineError(f'request {generation.request.request_id!r} has no KV cache')
+        return generation.kv
+
+    def _restore(self, generation: _Generation) -> None:
+        """Bring a cache evicted to the host back to the device (counted as a swap on CUDA;
+        the time is that of the copies as the host sees them)."""
+        started = time.perf_counter()
+        kv = generation.kv or []
+        generation.kv = [(k.to(self.device), v.to(self.device)) for k, v in kv]
+        generation.location = 'device'
+        if self.is_cuda and kv:
+            self.swap_bytes += sum(int(k.numel()) * int(k.element_size())
+                                   + int(v.numel()) * int(v.element_size()) for k, v in kv)
+            self.swap_s += time.perf_counter() - started
 
     def _drop(self, generation: _Generation) -> None:
         generation.kv = None
@@ -760,7 +791,7 @@ class TransformersEngine(Engine):
                 self._static_caches[bucket] = cache
             for li, layer in enumerate(cache.layers):
                 for i, generation in enumerate(generations):
-                    keys, values = generation.kv[li]  # type: ignore[index]
+                    keys, values = self._kv(generation)[li]
                     layer.keys[i, :, width - generation.cached:width].copy_(keys[0])
                     layer.values[i, :, width - generation.cached:width].copy_(values[0])
                 layer.cumulative_length.fill_(width)
@@ -771,12 +802,12 @@ class TransformersEngine(Engine):
             slab = _slab_layer_class(self._transformers)
             cache.layers = [slab() for _ in cache.layers]
             for li, layer in enumerate(cache.layers):
-                ref = generations[0].kv[li][0]  # type: ignore[index]
+                ref = self._kv(generations[0])[li][0]
                 shape = (n, ref.shape[1], width + _SLAB_HEADROOM, ref.shape[3])
                 keys = torch.zeros(shape, dtype=ref.dtype, device=self.device)
                 values = torch.zeros(shape, dtype=ref.dtype, device=self.device)
                 for i, generation in enumerate(generations):
-                    k, v = generation.kv[li]  # type: ignore[index]
+                    k, v = self._kv(generation)[li]
                     keys[i, :, width - generation.cached:width] = k[0]
                     values[i, :, width - generation.cached:width] = v[0]
                 layer.adopt(keys, values, width)

