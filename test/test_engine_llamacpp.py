@@ -246,7 +246,7 @@ def test_scheduler_cuts_segments_at_the_right_token() -> None:
     from timelyllm_ros.clock import SimClock
     from timelyllm_ros.policies import create_policy
     from timelyllm_ros.request import TaskSpec, TaskStatus
-    from timelyllm_ros.scheduler import Scheduler
+    from timelyllm_ros.scheduler import Scheduler, plan_request
     from timelyllm_ros.tuf import NORMAL
 
     engine = _engine(force_script=True)
@@ -254,7 +254,9 @@ def test_scheduler_cuts_segments_at_the_right_token() -> None:
     spec = TaskSpec('t0', 'tello-0', 'tello', 'normal', 'T0', NORMAL, 0.0, 'find the cat', 400,
                     task_tokens=10, script=('mf', '(', '50', ');', 'tc', '(', '90', ')'))
     scheduler.submit(spec)
-    prompt_tokens = len(engine.tokenize(scheduler.profile('tello').build_prompt('find the cat')))
+    # The prompt the scheduler sends: the profile's chat turns in the model's chat template.
+    request = plan_request(scheduler.profile('tello'), 'x', 'find the cat', prompt_tokens=400)
+    prompt_tokens = len(engine._prompt_ids(request))
     dispatched = []
     for _ in range(60):
         out = scheduler.tick()
@@ -395,7 +397,7 @@ def test_step_results_carry_the_token_ids_and_stats_count_them() -> None:
     assert stats.kv_capacity_tokens == 4096 and stats.kv_bytes_per_token > 0
     assert stats.swap_bytes == 0 and stats.swap_s == 0.0          # nothing was swapped
     assert engine.supports('evict') and not engine.supports('compress_kv')
-    assert not engine.supports('grammar') and not engine.supports('scripted_plans')
+    assert engine.supports('grammar') and not engine.supports('scripted_plans')
     engine.close()
     engine.close()                                    # idempotent
     with pytest.raises(EngineError, match='closed'):  # not a use of freed memory

@@ -338,7 +338,7 @@ def test_stats_report_the_engine_and_host_evictions_do_not_swap_on_cpu() -> None
     assert stats.kv_capacity_tokens == 1000
     assert stats.kv_bytes_per_token == engine.kv_bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert engine.supports('evict') and not engine.supports('compress_kv')
-    assert not engine.supports('grammar') and not engine.supports('scripted_plans')
+    assert engine.supports('grammar') and not engine.supports('scripted_plans')
     engine.register(_request('e', PROMPTS[0], 6))
     engine.run('e')
     engine.step()

@@ -170,3 +170,58 @@ def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
     assert stats.steps == engine.steps > 0 and stats.busy_s == engine.busy_s > 0
     assert (stats.swap_bytes, stats.swap_s) == (0, 0.0)  # vLLM v1 recomputes, never swaps
     assert engine.capabilities == frozenset()
+
+
+def test_admission_counts_generations_admitted_since_the_last_step(engine: VllmEngine,
+                                                                   monkeypatch) -> None:
+    """Two generations admitted in one decision: the second sees the first's blocks although
+    vLLM has not reported them yet; a step later the usage report counts them."""
+    for name in ('adm_a', 'adm_b'):
+        engine.register(_request(name, 'find the cat'))
+    need = engine._blocks(engine._generations['adm_a'])
+    monkeypatch.setattr(engine, 'num_blocks', 2 * need - 1)     # room for one, not two
+    assert engine.can_run('adm_a') and engine.can_run('adm_b')
+    engine.run('adm_a')
+    assert not engine.can_run('adm_b')                 # counted before vLLM reports it
+    assert engine.fits_when_idle('adm_b')              # ... but it would fit alone
+    engine.step()
+    engine.pause('adm_a')
+    engine.step()
+    for name in ('adm_a', 'adm_b'):
+        engine.release(name)
+
+
+def test_admission_ignores_a_stale_usage_report_when_idle(engine: VllmEngine,
+                                                          monkeypatch) -> None:
+    """With nothing live in vLLM no block is held, whatever the last report said."""
+    engine.register(_request('stale', 'find the cat'))
+    monkeypatch.setattr(engine.usage, 'kv_cache_usage', 0.99)   # the last step's figure
+    assert not engine.running and not engine._by_vllm_id
+    assert engine.can_run('stale')
+    need = engine._blocks(engine._generations['stale'])
+    monkeypatch.setattr(engine, 'num_blocks', need - 1)
+    assert not engine.can_run('stale') and not engine.fits_when_idle('stale')
+    engine.release('stale')
+
+
+def test_the_scheduler_fails_a_goal_as_too_large_only_when_it_cannot_fit_alone(
+        engine: VllmEngine, monkeypatch) -> None:
+    from timelyllm_ros.clock import SimClock
+    from timelyllm_ros.policies import create_policy
+    from timelyllm_ros.request import TaskSpec, TaskStatus
+    from timelyllm_ros.scheduler import Scheduler
+    from timelyllm_ros.tuf import NORMAL
+
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
+    monkeypatch.setattr(engine.usage, 'kv_cache_usage', 0.99)   # stale: nothing runs
+    scheduler.submit(TaskSpec('fits', 'tello-0', 'tello', 'normal', 'T1', NORMAL, 0.0,
+                              'find the cat', 800, task_tokens=10))
+    scheduler.tick()
+    assert scheduler.generations['fits'].status != TaskStatus.FAILED
+    scheduler.cancel('fits')
+    monkeypatch.setattr(engine, 'num_blocks', 2)                 # now it truly cannot fit
+    scheduler.submit(TaskSpec('huge', 'tello-0', 'tello', 'normal', 'T1', NORMAL, 0.0,
+                              'find the cat', 800, task_tokens=10))
+    scheduler.tick()
+    generation = scheduler.generations['huge']
+    assert generation.status == TaskStatus.FAILED and 'does not fit' in generation.error

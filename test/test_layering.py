@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     # L1: the robots' plan language, execution times, goals, traces and workloads
     'timelyllm_ros.exec_time': 1, 'timelyllm_ros.profiles': 1, 'timelyllm_ros.segmenter': 1,
     'timelyllm_ros.execution': 1, 'timelyllm_ros.goals': 1, 'timelyllm_ros.traces': 1,
-    'timelyllm_ros.workloads': 1,
+    'timelyllm_ros.workloads': 1, 'timelyllm_ros.grammar': 1,
     # L2: ranking and admission, and the engine interface policies read
     'timelyllm_ros.queue': 2, 'timelyllm_ros.priority': 2, 'timelyllm_ros.admission': 2,
     'timelyllm_ros.predictors': 2, 'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,
@@ -39,7 +39,8 @@ LAYERS: dict[str, int] = {
     # L4: running it: live service, simulation, benchmarks, tools, LRTrace
     'timelyllm_ros.service': 4, 'timelyllm_ros.simulation': 4, 'timelyllm_ros.bench': 4,
     'timelyllm_ros.calibrate': 4, 'timelyllm_ros.seg_overhead': 4, 'timelyllm_ros.metrics': 4,
-    'timelyllm_ros.plots': 4, 'timelyllm_ros.tables': 4, 'lrtrace': 4,
+    'timelyllm_ros.plots': 4, 'timelyllm_ros.tables': 4, 'timelyllm_ros.plan_quality': 4,
+    'lrtrace': 4,
     # L5: entry points: command lines and ROS nodes
     'timelyllm_ros.cli': 5, 'timelyllm_ros.__main__': 5, 'timelyllm_ros.nodes': 5,
     'lrtrace.cli': 5, 'lrtrace.__main__': 5, 'lrtrace.nodes': 5,
@@ -55,6 +56,7 @@ VENDOR_OWNERS = {
     'torch': ('timelyllm_ros.engines',),
     'vllm': ('timelyllm_ros.engines.vllm_engine',),
     'llama_cpp': ('timelyllm_ros.engines.llamacpp',),
+    'llguidance': ('timelyllm_ros.engines.constraint',),
 }
 
 

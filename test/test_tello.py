@@ -217,6 +217,30 @@ def test_move_before_takeoff_is_a_clear_error(tello, emulator, backend):
     assert emu.commands == ['command', 'forward 50']
 
 
+def test_takeoff_while_flying_succeeds_without_a_command(tello, emulator, backend):
+    """A plan that starts with to() given to a hovering drone: the goal of the call holds."""
+    emu = emulator()
+    executor = SkillExecutor(backend(emu), WallClock())
+    results = run_plan(executor, tello, 'to();to();mf(50);ld()')
+    assert all(result.success for result in results), [r.error for r in results]
+    assert emu.commands == ['command', 'takeoff', 'forward 50', 'land']
+
+
+def test_perception_answers_come_from_the_robot_options(tello):
+    from timelyllm_ros.plan_quality import cooperative_perception
+    from timelyllm_ros.robots.factory import RobotOptions, open_robot
+
+    robot = open_robot(tello, 'emulator', None, WallClock(), RobotOptions(
+        time_scale=0.0, own_loopback_host=True, perception=cooperative_perception))
+    try:
+        executor = SkillExecutor(robot.backend, WallClock())
+        results = run_plan(executor, tello, "to();?iv('cat')==True{g('cat')};ld()")
+        assert all(result.success for result in results), [r.error for r in results]
+        assert robot.emulator is not None and 'forward 100' in robot.emulator.commands
+    finally:
+        robot.close()
+
+
 def test_emulator_stopped_mid_plan_fails_without_hanging(tello, emulator, backend):
     emu = emulator(time_scale=0.1)                          # to(): 0.5 s, mf(500): 0.54 s
     drone = backend(emu, command_timeout_s=1.0)

@@ -61,7 +61,8 @@ def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _config(args: argparse.Namespace) -> SchedulerConfig:
-    return SchedulerConfig(comm_s=args.comm_ms / 1000.0, max_batch=args.max_batch)
+    return SchedulerConfig(comm_s=args.comm_ms / 1000.0, max_batch=args.max_batch,
+                           grammar=not getattr(args, 'no_grammar', False))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -180,6 +181,55 @@ def _create_engine(args: argparse.Namespace) -> Engine:
     if args.calibration is not None:
         options['calibration'] = args.calibration
     return create_engine(args.engine, **options)
+
+
+def cmd_plan_quality(args: argparse.Namespace) -> int:
+    from timelyllm_ros.plan_quality import (
+        QUALITY_KEYS,
+        PlanOutcome,
+        outcome_record,
+        run_plan_quality,
+        summarize,
+    )
+    from timelyllm_ros.tables import format_value, text_table
+    from timelyllm_ros.traces import load_trace_set
+
+    if args.engine == 'sim':
+        print('error: plan-quality needs a real engine (--engine cpu|transformers|vllm): the '
+              'simulator replays the recorded plans', file=sys.stderr)
+        return 2
+    traces = load_trace_set().traces
+    if args.tasks:
+        wanted = {int(x) for x in args.tasks.split(',')}
+        traces = [t for t in traces if t.id in wanted]
+    engine = _create_engine(args)
+    try:
+        engine.warmup()
+
+        def progress(outcome: PlanOutcome) -> None:
+            if not args.quiet:
+                verdict = 'ok' if outcome.executed_ok else outcome.problem
+                print(f'task {outcome.task} ({outcome.robot}, {outcome.tokens} tokens): '
+                      f'{outcome.text.strip()!r} -> {verdict}', file=sys.stderr, flush=True)
+
+        outcomes = run_plan_quality(engine, grammar=not args.no_grammar, traces=traces,
+                                    progress=progress)
+    finally:
+        engine.close()
+    summary = summarize(outcomes)
+    if args.plans:
+        Path(args.plans).write_text(json.dumps([outcome_record(o) for o in outcomes],
+                                               indent=2) + '\n', encoding='utf-8')
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    formats = ('{:d}', '{:d}', '{:d}', '{:d}', '{:.1f}', '{:.2f}')
+    rows = [[name, *(format_value(q[k], f) for k, f in zip(QUALITY_KEYS, formats, strict=True))]
+            for name, q in [*summary['by_robot'].items(), ('overall', summary['overall'])]]
+    grammar = 'without' if args.no_grammar else 'with'
+    print(text_table(['robot', *QUALITY_KEYS], rows,
+                     title=f'plan quality, engine {args.engine}, {grammar} the grammar'))
+    return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -301,6 +351,9 @@ def _add_engine_args(parser: argparse.ArgumentParser, default_force: bool) -> No
     force.add_argument('--free-generation', dest='force_script', action='store_false',
                        help='greedy generation from the model' + (
                            '' if default_force else ' (default)'))
+    parser.add_argument('--no-grammar', action='store_true',
+                        help="generate robot plans without their profile's grammar (by default "
+                             'a real engine constrains them to it; for comparison)')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,6 +404,21 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument('--repeats', type=int, default=2, help='prefill runs per length')
     calibrate.add_argument('--quiet', action='store_true')
     calibrate.set_defaults(func=cmd_calibrate)
+
+    quality = sub.add_parser(
+        'plan-quality', help="a real model's plans for the bundled tasks: parsed, within the "
+                             "robot's limits, executed on the emulators")
+    _add_engine_args(quality, default_force=False)
+    quality.add_argument('--calibration', default=None, help=argparse.SUPPRESS)
+    quality.add_argument('--tasks', default=None, help='trace ids, e.g. 1,2,12 (default: all)')
+    quality.add_argument('--json', action='store_true',
+                         help='print {"overall": Q, "by_robot": {KIND: Q}} with Q = {plans, '
+                              'parsed, within_limits, executed_ok, tokens_mean, '
+                              'decode_ms_per_token}')
+    quality.add_argument('--plans', default=None, metavar='FILE',
+                         help='also write every plan and its verdict to this JSON file')
+    quality.add_argument('--quiet', action='store_true', help='no line per plan on stderr')
+    quality.set_defaults(func=cmd_plan_quality)
 
     seg = sub.add_parser('seg-overhead',
                          help='segmented vs whole generation of traces on a real engine')

@@ -277,15 +277,33 @@ class RobotProfile(BaseModel):
         """The full planning prompt: fixed parts from the profile plus the task line."""
         return f'{self.prompt_prefix}\n\nTask: {task}\nPlan:'
 
+    def build_messages(self, task: str) -> tuple[tuple[str, str], ...]:
+        """The planning prompt as chat turns ``(role, content)`` for a model's chat template:
+        the instructions as the system turn, each example as a user turn answered by an
+        assistant turn, then the task. Everything before the task is the same for every task
+        of the robot kind, so the rendered prompt keeps a cacheable prefix."""
+        turns = [('system', self.instructions)]
+        for example in self.prompt.examples:
+            turns += [('user', example['task']), ('assistant', example['plan'])]
+        turns.append(('user', task))
+        return tuple(turns)
+
     @cached_property
-    def prompt_prefix(self) -> str:
-        """The fixed part of every prompt of this robot kind (cacheable by the engine)."""
+    def instructions(self) -> str:
+        """The system text of a prompt: role, skills with their signatures, rules."""
         parts = [self.prompt.system.strip()]
         if self.skills:
             lines = [f'- {s.usage()}: {s.name}. {s.description}'.rstrip() for s in self.skills]
             parts.append('Skills:\n' + '\n'.join(lines))
         if self.prompt.guidance:
             parts.append(self.prompt.guidance.strip())
+        return '\n\n'.join(parts)
+
+    @cached_property
+    def prompt_prefix(self) -> str:
+        """The fixed part of every plain-text prompt of this robot kind (cacheable by the
+        engine): the instructions and the examples."""
+        parts = [self.instructions]
         for example in self.prompt.examples:
             parts.append(f"Task: {example['task']}\nPlan: {example['plan']}")
         return '\n\n'.join(parts)

@@ -41,6 +41,7 @@ from timelyllm_ros.errors import (
     describe_error,
 )
 from timelyllm_ros.execution import estimate_max_s, estimate_min_s
+from timelyllm_ros.grammar import plan_grammar
 from timelyllm_ros.plan import Statement
 from timelyllm_ros.policies.base import Eviction, Policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
@@ -64,6 +65,8 @@ class SchedulerConfig:
                                          # longest execution estimate before it is overdue
     report_timeout_margin_s: float = 10.0  # ... plus this margin (s)
     report_deadlines: bool = True    # end goals whose robot stops reporting (SegmentDone)
+    grammar: bool = True             # constrain robot plans to their profile's grammar, on
+                                     # engines with the 'grammar' capability
 
     def __post_init__(self) -> None:
         for name in ('comm_s', 'report_timeout_margin_s'):
@@ -77,6 +80,31 @@ class SchedulerConfig:
             raise ConfigError(f'max_batch must be >= 1, got {self.max_batch}')
         if not 0 < self.step_smoothing <= 1:
             raise ConfigError(f'step_smoothing must be in (0, 1], got {self.step_smoothing}')
+
+
+REPETITION_PENALTY = 1.1
+"""Greedy decoding of plans lowers the logits of tokens already written by this factor: small
+models otherwise repeat one statement up to the token limit (measured with
+``timelyllm plan-quality`` on SmolLM2-135M)."""
+
+
+def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_tokens: int,
+                 task_tokens: int = 0, script: tuple[str, ...] | None = None,
+                 grammar: bool = False) -> EngineRequest:
+    """The engine request of one task for a robot kind: its prompt (plain and as chat turns),
+    token limit, the cacheable prefix of the kind, the decoding's repetition penalty, and with
+    ``grammar`` the profile's plan grammar, ended early rather than cut inside a statement at
+    the token limit."""
+    compiled = plan_grammar(profile) if grammar else None
+    return EngineRequest(
+        request_id=request_id, prompt=profile.build_prompt(task), prompt_tokens=prompt_tokens,
+        max_tokens=profile.max_tokens, script=script,
+        prefix_id=profile.name if task_tokens else None,
+        prefix_tokens=prompt_tokens - task_tokens if task_tokens else 0,
+        grammar=compiled.gbnf if compiled is not None else None,
+        end_within=2 * profile.max_segment_tokens if compiled is not None else 0,
+        messages=profile.build_messages(task), repetition_penalty=REPETITION_PENALTY,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,12 +196,10 @@ class Scheduler:
             profile = self.profile(spec.profile)
         except ProfileError as err:
             raise GoalError(f'task {spec.task_id!r}: unknown robot kind: {err}') from None
-        request = EngineRequest(
-            request_id=spec.task_id, prompt=profile.build_prompt(spec.task),
-            prompt_tokens=spec.prompt_tokens, max_tokens=profile.max_tokens, script=spec.script,
-            prefix_id=profile.name if spec.task_tokens else None,
-            prefix_tokens=spec.prompt_tokens - spec.task_tokens if spec.task_tokens else 0,
-        )
+        request = plan_request(
+            profile, spec.task_id, spec.task, prompt_tokens=spec.prompt_tokens,
+            task_tokens=spec.task_tokens, script=spec.script,
+            grammar=self.config.grammar and self.engine.supports('grammar'))
         try:
             self.engine.register(request)
         except Exception as err:  # noqa: BLE001 - any engine fault refuses only this goal
@@ -358,7 +384,7 @@ class Scheduler:
             candidate = self.queue.at(row)
             try:
                 admit = self.policy.admit(candidate, ctx)   # may ask the engine (can_run)
-                fits_alone = admit or bool(self._running) or self.engine.can_run(
+                fits_alone = admit or bool(self._running) or self.engine.fits_when_idle(
                     candidate.task_id)
                 if admit:
                     self.engine.run(candidate.task_id)

@@ -93,13 +93,15 @@ class PlannerService:
                engine_options: Mapping[str, object] | None = None,
                calibration: str | None = None, max_batch: int | None = None,
                comm_s: float = 0.008, profiles_dir: str | None = None,
-               config: SchedulerConfig | None = None) -> PlannerService:
+               config: SchedulerConfig | None = None, grammar: bool = True) -> PlannerService:
         """Build a service over a new engine, e.g. ``create(engine='cpu', model='smollm2')``
         (the simulator runs in real time).
 
         ``engine_options`` are the engine's own options (text values are converted); the
-        simulator also takes ``calibration``. ``config`` overrides ``comm_s`` and
-        ``max_batch`` with every scheduler parameter (report deadlines included).
+        simulator also takes ``calibration``. ``grammar`` constrains robot plans to their
+        profile's grammar on a real engine (off: free generation, for comparison). ``config``
+        overrides ``comm_s``, ``max_batch`` and ``grammar`` with every scheduler parameter
+        (report deadlines included).
 
         Raises:
             EngineError: an unknown engine, an option it does not take, or one it failed with.
@@ -115,7 +117,8 @@ class PlannerService:
             def profiles(name: str) -> RobotProfile:
                 return load_profile(name, profiles_dir)
 
-            config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch)
+            config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch,
+                                               grammar=grammar)
             scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
         except Exception:
             built.close()
@@ -143,12 +146,19 @@ class PlannerService:
         script: PlanScript | None = self.scheduler.engine.scripted_plan(
             goal.robot_kind, goal.task, task_class)
         task_id = f'{goal.robot_id}#{next(self._ids)}'
+        if script is None:
+            # A real engine tokenizes the prompt itself; the scheduler's estimates need its
+            # size (about four characters a token), and a task part makes the kind's fixed
+            # prompt a shared prefix.
+            prompt_tokens = max(2, len(profile.build_prompt(goal.task)) // 4)
+            task_tokens = min(prompt_tokens - 1, max(1, len(goal.task) // 4))
+        else:
+            prompt_tokens, task_tokens = script.prompt_tokens, script.task_tokens
         return TaskSpec(
             task_id=task_id, robot_id=goal.robot_id, profile=profile.name,
             task_class=task_class, task_type=script.task_type if script else task_class,
             tuf=goal.resolved_tuf, arrival_time=self.scheduler.clock.now(), task=goal.task,
-            prompt_tokens=script.prompt_tokens if script else 1,
-            task_tokens=script.task_tokens if script else 0,
+            prompt_tokens=prompt_tokens, task_tokens=task_tokens,
             script=script.pieces if script else None)
 
     def submit(self, goal: PlanGoal, on_segment: SegmentListener, on_end: EndListener) -> str:

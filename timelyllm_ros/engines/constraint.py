@@ -1,0 +1,181 @@
+"""Grammar-constrained token choice, shared by the real engines.
+
+Each constrained generation owns a :class:`TokenGrammar`: the state of its plan grammar after
+the tokens it produced (:mod:`timelyllm_ros.grammar`). It lives with the generation's kept token
+ids, so a generation suspended at a segment boundary resumes exactly where its grammar was,
+inside an open ``{...}`` too; an engine that must rebuild it (vLLM resubmits a request per
+segment) replays the kept ids into a fresh one with :meth:`TokenGrammar.replay`.
+
+Greedy decoding needs the full mask only when the model's own choice breaks the grammar:
+:func:`constrained_argmax` checks the argmax first (one token) and masks the whole vocabulary
+only when that token is refused, which picks the same token as masking first (the argmax of the
+allowed tokens), at a fraction of the cost.
+
+Two grammar states: llama.cpp's own grammar sampler (in :mod:`.llamacpp`) and
+:class:`LlguidanceGrammar`, an llguidance matcher over any tokenizer (the transformers engine
+and vLLM's logits processor).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from timelyllm_ros.errors import EngineError
+
+GRAMMAR_INSTALL_HINT = 'pip install llguidance (grammar-constrained decoding)'
+
+
+class TokenGrammar(ABC):
+    """Which tokens one generation may produce next under its grammar."""
+
+    @abstractmethod
+    def allows(self, token: int) -> bool:
+        """Whether ``token`` may come next."""
+
+    @abstractmethod
+    def restrict(self, logits: np.ndarray[Any, Any]) -> None:
+        """Set the logits of every token that may not come next to ``-inf`` (in place)."""
+
+    def best(self, logits: np.ndarray[Any, Any]) -> int:
+        """The allowed token with the highest logit (the row may be masked in place).
+
+        Raises:
+            EngineError: the grammar allows no token here.
+        """
+        self.restrict(logits)
+        choice = int(logits.argmax())
+        if not np.isfinite(logits[choice]):
+            raise EngineError('the grammar allows no token here')
+        return choice
+
+    @abstractmethod
+    def accept(self, token: int) -> None:
+        """Advance the grammar past a produced token.
+
+        Raises:
+            EngineError: the grammar refuses the token.
+        """
+
+    def replay(self, tokens: Sequence[int]) -> None:
+        """Advance past tokens already produced (a rebuilt grammar state)."""
+        for token in tokens:
+            self.accept(token)
+
+
+def constrained_argmax(argmax: int,
+                       logits: np.ndarray[Any, Any] | Callable[[], np.ndarray[Any, Any]],
+                       grammar: TokenGrammar | None) -> int:
+    """The greedy choice under a grammar.
+
+    Args:
+        argmax: The unconstrained argmax of the row.
+        logits: The row's logits as a writable float array, or a call giving them (called
+            only when the argmax is refused); they may be masked in place.
+        grammar: The generation's grammar state (``None``: unconstrained).
+
+    Returns:
+        The allowed token with the highest logit (``argmax`` itself when allowed).
+    """
+    if grammar is None or grammar.allows(argmax):
+        return argmax
+    return grammar.best(logits if isinstance(logits, np.ndarray) else logits())
+
+
+def _import_llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as err:
+        raise EngineError(f'grammar-constrained decoding needs llguidance ({err}); '
+                          f'{GRAMMAR_INSTALL_HINT}') from None
+    return llguidance
+
+
+class LlguidanceTokenizer:
+    """An llguidance view of a tokenizer, built once per engine (it walks the vocabulary)."""
+
+    def __init__(self, handle: Any, vocab_size: int, eos_ids: Sequence[int]) -> None:
+        self.handle = handle
+        self.vocab_size = vocab_size
+        self.eos_ids = frozenset(eos_ids)
+        self._compiled: dict[str, str] = {}
+
+    @classmethod
+    def from_hf(cls, tokenizer: Any, eos_ids: Sequence[int]) -> LlguidanceTokenizer:
+        """From a Hugging Face (fast) tokenizer."""
+        _import_llguidance()
+        import llguidance.hf
+
+        try:
+            handle = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer),
+                                                  eos_token=list(eos_ids) or None)
+        except Exception as err:   # noqa: BLE001 -- llguidance raises many kinds
+            raise EngineError(f'llguidance cannot read the tokenizer: {err}') from None
+        return cls(handle, len(tokenizer), eos_ids)
+
+    @classmethod
+    def from_pieces(cls, pieces: Sequence[bytes], eos_id: int, bos_id: int | None,
+                    encode: Callable[[bytes], list[int]]) -> LlguidanceTokenizer:
+        """From a tokenizer given as its token bytes (a byte-level tokenizer)."""
+        llguidance = _import_llguidance()
+
+        class _Pieces:
+            eos_token_id = eos_id
+            bos_token_id = bos_id
+            tokens = list(pieces)
+            special_token_ids = [eos_id] + ([bos_id] if bos_id is not None else [])
+
+            def __call__(self, data: bytes) -> list[int]:
+                return encode(data)
+
+        wrapper = llguidance.TokenizerWrapper(_Pieces())
+        return cls(llguidance.LLTokenizer(wrapper), len(pieces), [eos_id])
+
+    def grammar(self, gbnf: str) -> LlguidanceGrammar:
+        """A fresh grammar state at the start of a GBNF grammar.
+
+        Raises:
+            EngineError: the grammar does not compile.
+        """
+        llguidance = _import_llguidance()
+        compiled = self._compiled.get(gbnf)
+        if compiled is None:
+            try:
+                compiled = llguidance.grammar_from('gbnf', gbnf)
+            except ValueError as err:
+                raise EngineError(f'the grammar does not compile: {err}') from None
+            self._compiled[gbnf] = compiled
+        matcher = llguidance.LLMatcher(self.handle, compiled)
+        if matcher.is_error():
+            raise EngineError(f'the grammar does not compile: {matcher.get_error()}')
+        return LlguidanceGrammar(matcher, self.vocab_size, self.eos_ids)
+
+
+class LlguidanceGrammar(TokenGrammar):
+    """An llguidance matcher: the grammar state of one generation."""
+
+    def __init__(self, matcher: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+
+    def allows(self, token: int) -> bool:
+        if token in self.eos_ids:
+            # validate_tokens refuses EOS where it is the only way on; the grammar is complete.
+            return bool(self.matcher.is_accepting())
+        return bool(self.matcher.validate_tokens([token]) == 1)
+
+    def restrict(self, logits: np.ndarray[Any, Any]) -> None:
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8),
+                             bitorder='little')
+        allowed = np.zeros(len(logits), dtype=bool)
+        count = min(len(bits), len(logits), self.vocab_size)
+        allowed[:count] = bits[:count].astype(bool)
+        logits[~allowed] = -np.inf
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.consume_token(token):
+            raise EngineError(f'the grammar refused token {token}: {self.matcher.get_error()}')

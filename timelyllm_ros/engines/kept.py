@@ -1,0 +1,163 @@
+"""What a real engine keeps of one generation between segments, and how it takes a token.
+
+The three real engines (llama.cpp, transformers, vLLM) differ in how they batch against their
+backend; what they keep per generation is the same and lives here: the token ids (never
+re-tokenized text), the teacher-forced ids of ``force_script``, the incremental detokenizer and
+the grammar state. :func:`take_token` is the one rule for a produced token: a forced token
+replaces it, end of text ends the generation, the grammar advances, the text piece is decoded,
+and the token limit or the context ends it with ``length``.
+"""
+
+from __future__ import annotations
+
+import codecs
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from timelyllm_ros.engines.base import EngineRequest, FinishReason, KvLocation
+from timelyllm_ros.engines.constraint import TokenGrammar, constrained_argmax
+
+
+class Detokenizer(ABC):
+    """Turns a generation's output ids into text incrementally (never a partial character)."""
+
+    @abstractmethod
+    def text(self, ids: Sequence[int], new: int) -> str:
+        """The text of the ``new`` last ids of ``ids`` (the whole token sequence so far);
+        characters still incomplete are held back until a later token completes them."""
+
+
+class PieceDetokenizer(Detokenizer):
+    """Token bytes through an incremental UTF-8 decoder (llama.cpp gives each token's bytes)."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self._piece = piece
+        self._decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
+
+    def text(self, ids: Sequence[int], new: int) -> str:
+        return ''.join(self._decoder.decode(self._piece(token)) for token in ids[-new:])
+
+
+class WindowDetokenizer(Detokenizer):
+    """Decodes a short window of ids before and after the new ones and keeps the difference
+    (tokenizers whose pieces depend on their neighbours: SentencePiece spaces, byte fallback)."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], prompt_tokens: int) -> None:
+        self._decode = decode
+        self.prefix_offset = max(0, prompt_tokens - 5)
+        self.read_offset = prompt_tokens
+
+    def text(self, ids: Sequence[int], new: int) -> str:
+        before = self._decode(ids[self.prefix_offset:self.read_offset])
+        after = self._decode(ids[self.prefix_offset:])
+        if len(after) > len(before) and not after.endswith('\ufffd'):
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(ids)
+            return after[len(before):]
+        return ''
+
+
+@dataclass(slots=True)
+class KeptTokens:
+    """One generation as a real engine keeps it: its token ids and how many leading ones have
+    KV, wherever that KV is, its detokenizer and its grammar state."""
+
+    request: EngineRequest
+    prompt_ids: list[int]
+    forced: list[int] | None = None          # teacher-forced output ids (force_script)
+    output_ids: list[int] = field(default_factory=list)
+    cached: int = 0                          # leading tokens of ids() whose KV exists
+    location: KvLocation = 'none'
+    resumes: int = 0
+    detokenizer: Detokenizer | None = None
+    grammar: TokenGrammar | None = None      # the plan grammar's state after output_ids
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def total(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def pending(self) -> int:
+        """Tokens to feed before the next token can be produced."""
+        return self.total - self.cached
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list[int]:
+    """Chat turns rendered with a Hugging Face tokenizer's chat template, ready for the answer
+    (the transformers and vLLM engines)."""
+    ids = tokenizer.apply_chat_template(
+        [{'role': role, 'content': content} for role, content in messages],
+        add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, 'keys'):
+        ids = ids['input_ids']
+    return [int(token) for token in ids]
+
+
+def choose_token(generation: KeptTokens, argmax: int,
+                 logits: np.ndarray[Any, Any] | Callable[[], np.ndarray[Any, Any]],
+                 eos: int) -> int:
+    """The greedy next token of a generation.
+
+    The row's argmax, unless the request asks for more: a ``repetition_penalty`` lowers the
+    logits of the tokens its output already holds (CTRL's rule: positive logits divided,
+    negative ones multiplied), a grammar keeps the choice inside it, and once fewer than
+    ``end_within`` tokens remain, end of text is chosen as soon as the grammar allows it (a
+    plan that ends early rather than one cut inside a statement at the token limit).
+    """
+    request = generation.request
+    grammar = generation.grammar
+    if grammar is not None and request.max_tokens - len(generation.output_ids) <= (
+            request.end_within) and grammar.allows(eos):
+        return eos
+    if request.repetition_penalty != 1.0 and generation.output_ids:
+        row = logits if isinstance(logits, np.ndarray) else logits()
+        seen = np.unique(np.asarray(generation.output_ids, dtype=np.int64))
+        values = row[seen]
+        row[seen] = np.where(values > 0, values / request.repetition_penalty,
+                             values * request.repetition_penalty)
+        logits, argmax = row, int(row.argmax())
+    if grammar is None:
+        return argmax
+    return constrained_argmax(argmax, logits, grammar)
+
+
+def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool],
+               max_context: int) -> tuple[str | None, FinishReason | None]:
+    """Take one produced token into a generation.
+
+    Args:
+        generation: The generation.
+        token: The token the engine chose (ignored when the generation is teacher-forced).
+        is_eos: Whether a token ends the text.
+        max_context: Tokens a generation may hold, prompt included.
+
+    Returns:
+        The token's new text (``None`` when nothing was appended) and why the generation
+        ended (``None`` while it goes on).
+
+    Raises:
+        EngineError: the grammar refuses the token (the engine chose outside its mask).
+    """
+    if generation.forced is not None:
+        index = len(generation.output_ids)
+        if index >= len(generation.forced):
+            return None, 'eos'
+        token = generation.forced[index]
+    elif is_eos(token):
+        return None, 'eos'
+    elif generation.grammar is not None:
+        generation.grammar.accept(token)
+    generation.output_ids.append(token)
+    piece = (generation.detokenizer.text(generation.ids(), 1)
+             if generation.detokenizer is not None else '')
+    if (len(generation.output_ids) >= generation.request.max_tokens
+            or generation.total >= max_context):
+        return piece, 'length'
+    return piece, None

@@ -1,0 +1,249 @@
+"""Plan grammars: a robot profile compiled to a GBNF grammar for constrained decoding.
+
+A constrained model can only write plans the segmenter accepts and the robot can run: the
+profile's own skills, each with its number of arguments; numbers of the argument's type inside
+its limits (no exponent, no ``nan``); quoted strings of at most :data:`MAX_STRING_CHARS`
+printable characters (letters, digits, space, ``_-.,:?!/+``); conditions that call a query
+skill; loops whose counts (multiplied when nested) stay within ``max_loop_count``; bodies nested
+at most ``max_nesting_depth`` deep; and the end of text only after a complete statement.
+Statements are separated by ``;`` (optionally followed by a newline); the
+last statement may be followed by a ``;`` and a newline, which end the plan; the grammar writes
+no other whitespace, which keeps plans short.
+
+The text is GBNF (llama.cpp's grammar format): llama.cpp's grammar sampler reads it as is,
+llguidance and vLLM's structured outputs read GBNF too, so one grammar serves every engine.
+Text-segmented profiles (the chatbot) have no grammar: their answers are free text.
+
+Bounded counts are written as rule alternatives, not as a counter: a loop of count ``c`` inside
+a loop budget ``r`` opens a body whose budget is ``r // c``, and each (depth, budget) pair has
+its own statement rule; there are O(depth * sqrt(max_loop_count)) of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from timelyllm_ros.profiles import RobotProfile, SkillArg
+
+MAX_STRING_CHARS = 40
+"""Longest string argument a constrained plan may hold (characters between the quotes)."""
+
+MAX_FRACTION_DIGITS = 3
+"""Digits after the decimal point of a float argument in a constrained plan."""
+
+UNBOUNDED = 10**9 - 1
+"""Magnitude bound of a number argument the profile gives no limit (keeps numbers finite)."""
+
+_STRING_CHARS = '-a-zA-Z0-9 _.,:?!/+'   # a GBNF class: words, names, short questions
+
+_COMPARISONS = ('==', '!=', '<=', '>=', '<', '>')
+
+
+@dataclass(frozen=True, slots=True)
+class PlanGrammar:
+    """The grammar of one robot kind's plans.
+
+    Attributes:
+        profile: The profile's name.
+        gbnf: The grammar in GBNF, start rule ``root``.
+    """
+
+    profile: str
+    gbnf: str
+
+
+def plan_grammar(profile: RobotProfile) -> PlanGrammar | None:
+    """The profile's plan grammar, compiled once per profile; ``None`` for free-text profiles."""
+    if profile.segmentation != 'skills':
+        return None
+    cached = _CACHE.get(id(profile))
+    if cached is not None and cached[0] is profile:
+        return cached[1]
+    grammar = PlanGrammar(profile=profile.name, gbnf=_GrammarWriter(profile).write())
+    _CACHE[id(profile)] = (profile, grammar)
+    return grammar
+
+
+_CACHE: dict[int, tuple[RobotProfile, PlanGrammar]] = {}
+
+
+def _literal(text: str) -> str:
+    """A GBNF string literal."""
+    escaped = text.replace('\\', '\\\\').replace('"', '\\"').replace('\n', '\\n')
+    return f'"{escaped}"'
+
+
+def _characters(text: str) -> str:
+    """A literal written one character at a time: llguidance lexes each quoted literal as one
+    lexeme, and ``"-175"`` as one lexeme would hide ``"-" "1" "7" "4"``."""
+    return ' '.join(_literal(char) for char in text)
+
+
+def _alternatives(options: Iterable[str]) -> str:
+    return ' | '.join(f'({option})' if ' | ' in option else option for option in options)
+
+
+def _digits_range(low: str, high: str) -> list[str]:
+    """GBNF sequences matching every decimal string between two of equal length."""
+    if len(low) == 1:
+        return [_literal(low) if low == high else f'[{low}-{high}]']
+    if low[0] == high[0]:
+        return [f'{_literal(low[0])} {tail}' for tail in _digits_range(low[1:], high[1:])]
+    rest = len(low) - 1
+    any_tail = ' '.join(['[0-9]'] * rest)
+    out: list[str] = []
+    first, last = int(low[0]), int(high[0])
+    if low[1:] != '0' * rest:
+        out += [f'{_literal(low[0])} {tail}' for tail in _digits_range(low[1:], '9' * rest)]
+        first += 1
+    tail_high: list[str] = []
+    if high[1:] != '9' * rest:
+        tail_high = [f'{_literal(high[0])} {tail}'
+                     for tail in _digits_range('0' * rest, high[1:])]
+        last -= 1
+    if first <= last:
+        lead = _literal(str(first)) if first == last else f'[{first}-{last}]'
+        out.append(f'{lead} {any_tail}')
+    return out + tail_high
+
+
+def _natural_range(low: int, high: int) -> list[str]:
+    """GBNF sequences matching the integers ``low..high`` (``0 <= low``), no leading zero."""
+    out: list[str] = []
+    for width in range(len(str(low)), len(str(high)) + 1):
+        start = max(low, 10 ** (width - 1) if width > 1 else 0)
+        end = min(high, 10**width - 1)
+        if start <= end:
+            out += _digits_range(str(start), str(end))
+    return out
+
+
+def integer_range(low: int, high: int) -> str:
+    """A GBNF expression matching the decimal integers ``low..high`` (``-`` for negatives)."""
+    if low > high:
+        raise ValueError(f'empty range {low}..{high}')
+    options: list[str] = []
+    if low < 0:
+        magnitudes = _natural_range(max(1, -high), -low)
+        options.append(f'"-" ({_alternatives(magnitudes)})')
+    if high >= 0:
+        options += _natural_range(max(0, low), high)
+    return _alternatives(options)
+
+
+def float_range(low: float, high: float) -> str:
+    """A GBNF expression matching decimal numbers inside ``low..high``.
+
+    Integer parts are the integers inside the range; a fraction of up to
+    :data:`MAX_FRACTION_DIGITS` digits may follow every integer part except the one at the
+    range's end (``60`` or ``60.0`` for a maximum of 60, never ``60.5``).
+    """
+    first, last = math.ceil(low), math.floor(high)
+    if first > last:
+        raise ValueError(f'no integer inside {low}..{high}')
+    fraction = '("." [0-9]' + ' [0-9]?' * (MAX_FRACTION_DIGITS - 1) + ')?'
+    exact_zero = '("." "0")?'
+    options: list[str] = []
+    if last >= 0:
+        top = max(first, 0)
+        if top <= last - 1:
+            options.append(f'({integer_range(top, last - 1)}) {fraction}')
+        options.append(f'{_characters(str(last))} {exact_zero}')
+    if first < 0:
+        bottom = min(last, -1)       # the negative end nearest zero
+        if first + 1 <= bottom:
+            # -m.f lies below -m: fractions only on magnitudes short of the range's end.
+            options.append(f'"-" ({integer_range(-bottom, -first - 1)}) {fraction}')
+        options.append(f'{_characters(str(first))} {exact_zero}')
+    return _alternatives(options)
+
+
+class _GrammarWriter:
+    """Writes the GBNF rules of one profile."""
+
+    def __init__(self, profile: RobotProfile) -> None:
+        self.profile = profile
+        self.rules: dict[str, str] = {}
+
+    def write(self) -> str:
+        profile = self.profile
+        top = self._statement(0, profile.max_loop_count)
+        self.rules['sep'] = '";" "\\n"?'
+        self.rules['string'] = f'"\'" [{_STRING_CHARS}]{{1,{MAX_STRING_CHARS}}} "\'"'
+        self.rules['number'] = ('"-"? [0-9]{1,9} ("." [0-9]{1,' + str(MAX_FRACTION_DIGITS)
+                                + '})?')
+        self.rules['literal'] = '"True" | "False" | number | string'
+        operators = _alternatives(_literal(op) for op in _COMPARISONS)
+        self.rules['comparison'] = f'({operators}) literal'
+        # The plan may end after a separator (tokenizers merge ");" into one token: without
+        # it the end of text would never be allowed at a token boundary), and a newline there
+        # ends it: small models go on with another "Task:" instead.
+        ordered = {'root': f'" "? {top} (sep {top})* ";"? "\\n"?', **self.rules}
+        return ''.join(f'{name} ::= {body}\n' for name, body in ordered.items())
+
+    def _statement(self, depth: int, budget: int) -> str:
+        """The rule of a statement at a depth (0: top level) inside loops allowing ``budget``
+        repetitions."""
+        name = f'stmt-{depth}-{budget}'
+        if name in self.rules:
+            return name
+        self.rules[name] = ''                      # reserved: rules refer to each other
+        options = [self._calls(query_only=False)]
+        if depth + 1 <= self.profile.max_nesting_depth:
+            body = self._body(depth + 1, budget)
+            options.append(f'"?" {self._calls(query_only=True)} comparison? {body}')
+            counts: dict[int, list[int]] = {}
+            for count in range(1, budget + 1):
+                counts.setdefault(budget // count, []).append(count)
+            for inner, group in sorted(counts.items()):
+                loop_body = self._body(depth + 1, inner)
+                options.append(f'({integer_range(min(group), max(group))}) {loop_body}')
+        self.rules[name] = _alternatives(options)
+        return name
+
+    def _body(self, depth: int, budget: int) -> str:
+        name = f'body-{depth}-{budget}'
+        if name not in self.rules:
+            self.rules[name] = ''
+            statement = self._statement(depth, budget)
+            self.rules[name] = f'"{{" {statement} (sep {statement})* "}}"'
+        return name
+
+    def _calls(self, query_only: bool) -> str:
+        name = 'query-call' if query_only else 'call'
+        if name in self.rules:
+            return name
+        skills = [s for s in self.profile.skills if s.query or not query_only]
+        self.rules[name] = _alternatives(self._skill_call(s.short, s.args) for s in skills)
+        return name
+
+    def _skill_call(self, short: str, args: list[SkillArg]) -> str:
+        pieces = [_literal(short + '(')]
+        for number, arg in enumerate(args):
+            if number:
+                pieces.append('","')
+            pieces.append(self._argument(arg))
+        pieces.append('")"')
+        return ' '.join(pieces)
+
+    def _argument(self, arg: SkillArg) -> str:
+        if arg.type == 'str':
+            return 'string'
+        name = f'arg-{arg.type}-{_rule_word(arg.min)}-{_rule_word(arg.max)}'
+        if name not in self.rules:
+            low = -UNBOUNDED if arg.min is None else arg.min
+            high = UNBOUNDED if arg.max is None else arg.max
+            if arg.type == 'int':
+                self.rules[name] = integer_range(math.ceil(low), math.floor(high))
+            else:
+                self.rules[name] = float_range(low, high)
+        return name
+
+
+def _rule_word(bound: float | None) -> str:
+    """A number as a GBNF rule name allows it (letters, digits, dashes)."""
+    if bound is None:
+        return 'any'
+    return f'{bound:g}'.replace('-', 'n').replace('.', 'p').replace('+', '')
