@@ -130,11 +130,12 @@ def test_result_fields_of_a_finished_and_a_failed_goal():
 
 
 def test_reports_round_trip_and_reject_garbage():
-    result = Msg(success=True, error='', segment_count=2, response_time_s=0.2,
-                 waiting_time_s=0.3, utility=1.0)
+    result = Msg(success=True, error='', plan='mf(50);tc(90)', segment_count=2,
+                 response_time_s=0.2, waiting_time_s=0.3, utility=1.0)
     report = convert.parse_report(convert.result_report('drone_0', 'tello', result))
     assert report == {'robot_id': 'drone_0', 'robot_kind': 'tello', 'success': True,
-                      'error': '', 'segment_count': 2, 'response_time_s': 0.2,
+                      'error': '', 'plan': 'mf(50);tc(90)', 'segment_count': 2,
+                      'response_time_s': 0.2,
                       'waiting_time_s': 0.3, 'utility': 1.0}
     assert json.loads(convert.rejection_report('arm_0'))['error'] == 'rejected'
     with pytest.raises(ValueError):

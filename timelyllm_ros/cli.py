@@ -187,6 +187,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
     from timelyllm_ros.plan_quality import (
         QUALITY_KEYS,
         PlanOutcome,
+        grammar_share,
         outcome_record,
         run_plan_quality,
         summarize,
@@ -224,10 +225,13 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
         return 0
     formats = ('{:d}', '{:d}', '{:d}', '{:d}', '{:.1f}', '{:.2f}')
-    rows = [[name, *(format_value(q[k], f) for k, f in zip(QUALITY_KEYS, formats, strict=True))]
+    groups = {robot: [o for o in outcomes if o.robot == robot] for robot in summary['by_robot']}
+    groups['overall'] = outcomes
+    rows = [[name, *(format_value(q[k], f) for k, f in zip(QUALITY_KEYS, formats, strict=True)),
+             format_value(100.0 * grammar_share(groups[name]), '{:.1f}')]
             for name, q in [*summary['by_robot'].items(), ('overall', summary['overall'])]]
     grammar = 'without' if args.no_grammar else 'with'
-    print(text_table(['robot', *QUALITY_KEYS], rows,
+    print(text_table(['robot', *QUALITY_KEYS, 'grammar % of decode'], rows,
                      title=f'plan quality, engine {args.engine}, {grammar} the grammar'))
     return 0
 

@@ -3,12 +3,12 @@
 A constrained model can only write plans the segmenter accepts and the robot can run: the
 profile's own skills, each with its number of arguments; numbers of the argument's type inside
 its limits (no exponent, no ``nan``); quoted strings of at most :data:`MAX_STRING_CHARS`
-printable characters (letters, digits, space, ``_-.,:?!/+``); conditions that call a query
-skill; loops whose counts (multiplied when nested) stay within ``max_loop_count``; bodies nested
-at most ``max_nesting_depth`` deep; and the end of text only after a complete statement.
-Statements are separated by ``;`` (optionally followed by a newline); the
-last statement may be followed by a ``;`` and a newline, which end the plan; the grammar writes
-no other whitespace, which keeps plans short.
+printable characters (a letter or digit first, then letters, digits, space, ``_-.,:?!/+``);
+conditions that call a query skill; loops whose counts (multiplied when nested) stay within
+``max_loop_count``; bodies nested at most ``max_nesting_depth`` deep; and the end of text only
+after a complete statement. Statements are separated by ``;`` (optionally followed by a
+newline); the last statement may be followed by a ``;`` and a newline, which end the plan; the
+grammar writes no other whitespace, which keeps plans short.
 
 The text is GBNF (llama.cpp's grammar format): llama.cpp's grammar sampler reads it as is,
 llguidance and vLLM's structured outputs read GBNF too, so one grammar serves every engine.
@@ -171,7 +171,8 @@ class _GrammarWriter:
         profile = self.profile
         top = self._statement(0, profile.max_loop_count)
         self.rules['sep'] = '";" "\\n"?'
-        self.rules['string'] = f'"\'" [{_STRING_CHARS}]{{1,{MAX_STRING_CHARS}}} "\'"'
+        self.rules['string'] = (f'"\'" [a-zA-Z0-9] [{_STRING_CHARS}]{{0,{MAX_STRING_CHARS - 1}}} '
+                                '"\'"')
         self.rules['number'] = ('"-"? [0-9]{1,9} ("." [0-9]{1,' + str(MAX_FRACTION_DIGITS)
                                 + '})?')
         self.rules['literal'] = '"True" | "False" | number | string'

@@ -19,6 +19,9 @@ robot kind:
 * ``tokens_mean`` -- output tokens per plan;
 * ``decode_ms_per_token`` -- decode iteration time per generated token (prefill excluded).
 
+The table (without ``--json``) also shows the grammar's share of the decode time, measured in
+the same run (:func:`grammar_share`; the engines time their grammar checks and masks).
+
 The emulated world is cooperative, since there is no camera: every object a plan asks for is
 there and in view (``iv`` is true, ``od`` is 100 cm, ``p``/``sa`` answer ``yes``), and each
 drone plan starts with the Tello hovering, as in the traces' scenes (the tasks are given to a
@@ -60,6 +63,7 @@ class PlanOutcome:
     tokens: int
     decode_s: float             # decode iterations of this plan (s)
     decode_tokens: int          # tokens those iterations produced
+    grammar_s: float            # time the engine spent in the grammar for this plan (s)
     parsed: bool
     within_limits: bool
     executed_ok: bool
@@ -170,11 +174,13 @@ def run_plan_quality(engine: Engine, grammar: bool = True,
     outcomes = []
     for trace in traces if traces is not None else load_trace_set().traces:
         profile = load_profile(trace.robot)
+        grammar_before = engine.stats().grammar_s
         text, finish, tokens, decode_s, decode_tokens = generate(
             engine, profile, trace, f'quality-{trace.id}', grammar)
+        grammar_s = engine.stats().grammar_s - grammar_before
         parsed, within, executed, problem = judge(profile, text, finish)
         outcome = PlanOutcome(trace.id, trace.robot, text, finish, tokens, decode_s,
-                              decode_tokens, parsed, within, executed, problem)
+                              decode_tokens, grammar_s, parsed, within, executed, problem)
         outcomes.append(outcome)
         if progress is not None:
             progress(outcome)
@@ -202,6 +208,13 @@ def summarize(outcomes: Sequence[PlanOutcome]) -> dict[str, Any]:
         by_robot[outcome.robot].append(outcome)
     return {'overall': _quality(outcomes),
             'by_robot': {robot: _quality(group) for robot, group in sorted(by_robot.items())}}
+
+
+def grammar_share(outcomes: Sequence[PlanOutcome]) -> float:
+    """The engine's time in the grammar as a share of the decode time (the grammar's cost,
+    measured inside one run rather than across two runs with different plans)."""
+    decode_s = sum(o.decode_s for o in outcomes)
+    return sum(o.grammar_s for o in outcomes) / decode_s if decode_s else math.nan
 
 
 def outcome_record(outcome: PlanOutcome) -> dict[str, Any]:

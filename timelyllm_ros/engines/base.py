@@ -98,6 +98,7 @@ class EngineStats:
     kv_bytes_per_token: int = 0     # KV bytes of one token, all layers (0: unknown)
     swap_bytes: int = 0             # KV bytes restored from host memory so far
     swap_s: float = 0.0             # time those restores took (s)
+    grammar_s: float = 0.0          # time spent in grammar checks and masks (s)
     preemptions: int = 0            # generations the engine itself preempted (vLLM: by
                                     # recomputation, re-run inside the engine)
 

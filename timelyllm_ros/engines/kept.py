@@ -11,6 +11,7 @@ and the token limit or the context ends it with ``length``.
 from __future__ import annotations
 
 import codecs
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class KeptTokens:
     resumes: int = 0
     detokenizer: Detokenizer | None = None
     grammar: TokenGrammar | None = None      # the plan grammar's state after output_ids
+    grammar_s: float = 0.0                   # time spent in the grammar (checks, masks)
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -112,10 +114,6 @@ def choose_token(generation: KeptTokens, argmax: int,
     plan that ends early rather than one cut inside a statement at the token limit).
     """
     request = generation.request
-    grammar = generation.grammar
-    if grammar is not None and request.max_tokens - len(generation.output_ids) <= (
-            request.end_within) and grammar.allows(eos):
-        return eos
     if request.repetition_penalty != 1.0 and generation.output_ids:
         row = logits if isinstance(logits, np.ndarray) else logits()
         seen = np.unique(np.asarray(generation.output_ids, dtype=np.int64))
@@ -123,9 +121,17 @@ def choose_token(generation: KeptTokens, argmax: int,
         row[seen] = np.where(values > 0, values / request.repetition_penalty,
                              values * request.repetition_penalty)
         logits, argmax = row, int(row.argmax())
+    grammar = generation.grammar
     if grammar is None:
         return argmax
-    return constrained_argmax(argmax, logits, grammar)
+    started = time.perf_counter()
+    try:
+        if request.max_tokens - len(generation.output_ids) <= request.end_within and (
+                grammar.allows(eos)):
+            return eos
+        return constrained_argmax(argmax, logits, grammar)
+    finally:
+        generation.grammar_s += time.perf_counter() - started
 
 
 def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool],
@@ -153,7 +159,9 @@ def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool]
     elif is_eos(token):
         return None, 'eos'
     elif generation.grammar is not None:
+        started = time.perf_counter()
         generation.grammar.accept(token)
+        generation.grammar_s += time.perf_counter() - started
     generation.output_ids.append(token)
     piece = (generation.detokenizer.text(generation.ids(), 1)
              if generation.detokenizer is not None else '')

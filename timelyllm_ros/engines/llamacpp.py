@@ -220,7 +220,9 @@ class LlamaCppEngine(Engine):
             lookahead_tokens: KV headroom a generation needs to join the batch.
             chat_template: render requests that carry chat turns (``messages``) with the
                 model's chat template (GGUF metadata), when it has one; off, or without
-                turns, the plain ``prompt`` is tokenized.
+                turns, the plain ``prompt`` is tokenized. (The shipped Gemma 3 270M GGUF has
+                none; llama.cpp's built-in ``gemma`` template was tried on it: its plans
+                copied the examples and its answers never ended, so its prompt stays plain.)
             verbose: let llama.cpp log to stderr.
 
         Raises:
@@ -296,6 +298,7 @@ class LlamaCppEngine(Engine):
         # run statistics (read by calibration / overhead tools and the tests)
         self.steps = 0
         self.busy_s = 0.0
+        self._released_grammar_s = 0.0   # grammar time of released generations
         self.prefill_s = 0.0
         self.prefill_tokens = 0
         self.decode_s = 0.0
@@ -318,7 +321,9 @@ class LlamaCppEngine(Engine):
         return EngineStats(model=self.model_label, hardware='cpu', steps=self.steps,
                            busy_s=self.busy_s, kv_capacity_tokens=self.kv_tokens,
                            kv_bytes_per_token=self.kv_bytes_per_token,
-                           swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s)
+                           swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s,
+                           grammar_s=self._released_grammar_s + sum(
+                               g.grammar_s for g in self._generations.values()))
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -496,6 +501,7 @@ class LlamaCppEngine(Engine):
         generation = self._generations.pop(request_id, None)
         self._running.pop(request_id, None)
         if generation is not None:
+            self._released_grammar_s += generation.grammar_s
             self._drop(generation)
 
     def decode_step_s(self, batch_size: int) -> float:

@@ -331,6 +331,7 @@ class TransformersEngine(Engine):
         # run statistics (read by calibration / overhead tools)
         self.steps = 0
         self.busy_s = 0.0
+        self._released_grammar_s = 0.0   # grammar time of released generations
         self.prefill_s = 0.0
         self.prefill_tokens = 0
         self.decode_s = 0.0
@@ -501,7 +502,9 @@ class TransformersEngine(Engine):
         return EngineStats(model=self.model_name, hardware=hardware, steps=self.steps,
                            busy_s=self.busy_s, kv_capacity_tokens=self.kv_budget_tokens,
                            kv_bytes_per_token=self.kv_bytes_per_token,
-                           swap_bytes=self.swap_bytes, swap_s=self.swap_s)
+                           swap_bytes=self.swap_bytes, swap_s=self.swap_s,
+                           grammar_s=self._released_grammar_s + sum(
+                               g.grammar_s for g in self._generations.values()))
 
     def close(self) -> None:
         """Drop the model and every kept KV cache (and the CUDA cache); idempotent. The
@@ -535,7 +538,9 @@ class TransformersEngine(Engine):
         if request_id in self._generations:
             self._leave_batch(request_id)
         self._running.pop(request_id, None)
-        self._generations.pop(request_id, None)
+        generation = self._generations.pop(request_id, None)
+        if generation is not None:
+            self._released_grammar_s += generation.grammar_s
 
     def decode_step_s(self, batch_size: int) -> float:
         return self.latency.interpolated_decode_s(

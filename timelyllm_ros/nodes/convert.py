@@ -389,12 +389,13 @@ def _extras(task_id: str, queued_s: float | None) -> dict[str, Any]:
 
 def result_report(robot_id: str, robot_kind: str, result: Any, task_id: str = '',
                   queued_s: float | None = None) -> str:
-    """A PlanTask result as the JSON line controllers publish on ``plan_results``
-    (``task_id`` and ``queued_s``, the time the task waited in the controller's queue, are
-    added when given)."""
+    """A PlanTask result as the JSON line controllers publish on ``plan_results``, with the
+    plan the LLM wrote (``task_id`` and ``queued_s``, the time the task waited in the
+    controller's queue, are added when given)."""
     return json.dumps({
         'robot_id': robot_id, 'robot_kind': robot_kind, 'success': bool(result.success),
-        'error': result.error, 'segment_count': int(result.segment_count),
+        'error': result.error, 'plan': str(getattr(result, 'plan', '')),
+        'segment_count': int(result.segment_count),
         'response_time_s': float(result.response_time_s),
         'waiting_time_s': float(result.waiting_time_s), 'utility': float(result.utility),
         **_extras(task_id, queued_s)})
