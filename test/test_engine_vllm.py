@@ -169,7 +169,7 @@ def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
         == 0
     assert stats.steps == engine.steps > 0 and stats.busy_s == engine.busy_s > 0
     assert (stats.swap_bytes, stats.swap_s) == (0, 0.0)  # vLLM v1 recomputes, never swaps
-    assert engine.capabilities == frozenset()
+    assert engine.capabilities == frozenset({'grammar'})  # KV placement stays with vLLM
 
 
 def test_admission_counts_generations_admitted_since_the_last_step(engine: VllmEngine,
@@ -196,7 +196,7 @@ def test_admission_ignores_a_stale_usage_report_when_idle(engine: VllmEngine,
     """With nothing live in vLLM no block is held, whatever the last report said."""
     engine.register(_request('stale', 'find the cat'))
     monkeypatch.setattr(engine.usage, 'kv_cache_usage', 0.99)   # the last step's figure
-    assert not engine.running and not engine._by_vllm_id
+    assert not engine.running and not engine._by_vllm_id      # no segment request is live
     assert engine.can_run('stale')
     need = engine._blocks(engine._generations['stale'])
     monkeypatch.setattr(engine, 'num_blocks', need - 1)

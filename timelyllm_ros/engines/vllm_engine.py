@@ -203,7 +203,7 @@ class VllmEngine(Engine):
         force_script: bool = False,
         use_priority: bool = True,
         gpu_memory_utilization: float = 0.9,
-        kv_cache_gb: float | None = None,
+        kv_cache_gb: int | None = None,
         dtype: str = 'auto',
         seed: int = 0,
         enforce_eager: bool = False,
@@ -219,7 +219,8 @@ class VllmEngine(Engine):
             force_script: feed the request's ``script`` tokens instead of the argmax.
             use_priority: vLLM ``priority`` scheduling by registration order (see above).
             gpu_memory_utilization: share of GPU memory vLLM may take (CUDA).
-            kv_cache_gb: KV cache size on the CPU build (``VLLM_CPU_KVCACHE_SPACE``).
+            kv_cache_gb: KV cache size on the CPU build in whole GiB (``VLLM_CPU_KVCACHE_SPACE``,
+                which vLLM reads as an integer).
             dtype: model dtype (``auto``: the checkpoint's).
             seed: vLLM seed (decoding is greedy anyway).
             enforce_eager: no CUDA graphs (CUDA); they are on by default.
@@ -346,7 +347,8 @@ class VllmEngine(Engine):
             return False
         if not self.num_blocks:
             return True
-        used = self.usage.kv_cache_usage * self.num_blocks if self._by_vllm_id else 0.0
+        live = any(g.vllm_id is not None for g in self._generations.values())
+        used = self.usage.kv_cache_usage * self.num_blocks if live else 0.0
         used += sum(self._blocks(self._generations[r]) for r in self._admitted)
         return used + self._blocks(self._get(request_id)) <= self.num_blocks
 
@@ -452,7 +454,7 @@ class VllmEngine(Engine):
                     self.resume_cached_tokens += cached
             completion = output.outputs[0]
             new_ids = [int(t) for t in completion.token_ids]
-            if self.force_script and produced.forced is not None:
+            if produced.forced is not None:      # registered forced: its closing EOS
                 new_ids = [t for t in new_ids if t != self.eos_id]
             if new_ids:
                 produced.output_ids.extend(new_ids)
@@ -602,6 +604,7 @@ class VllmEngine(Engine):
         if generation.vllm_id is None:
             return
         vllm_id, generation.vllm_id = generation.vllm_id, None
+        self._by_vllm_id.pop(vllm_id, None)    # a late output of it is dropped as unknown
         self.llm.abort_request([vllm_id])
         # Late outputs of this request are dropped in step(): nothing past the boundary is
         # kept (the kept ids are exactly the ones handed out).
