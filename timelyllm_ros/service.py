@@ -57,6 +57,7 @@ class ServiceState:
     executing: int = 0              # goals fully generated, waiting on their robots
     status: ServiceStatus = 'idle'  # 'failed': the loop gave up (see error); goals refused
     error: str = ''                 # why the service failed, or the last loop error
+    engine_preemptions: int = 0     # generations the engine preempted on its own (vLLM)
 
 
 class PlannerService:
@@ -404,4 +405,5 @@ class PlannerService:
                             running=len(scheduler.engine.running),
                             last_batch_size=self._last_batch_size,
                             priorities=priorities, executing=executing, status=self._status,
-                            error=self.loop_error)
+                            error=self.loop_error,
+                            engine_preemptions=scheduler.engine.stats().preemptions)

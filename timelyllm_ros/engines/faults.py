@@ -99,6 +99,10 @@ class FaultInjectingEngine(Engine):
         self._maybe_fail('can_run', request_id)
         return self.inner.can_run(request_id)
 
+    def fits_when_idle(self, request_id: str) -> bool:
+        self._maybe_fail('can_run', request_id)
+        return self.inner.fits_when_idle(request_id)
+
     def run_cost_s(self, request_id: str) -> float:
         return self.inner.run_cost_s(request_id)
 
