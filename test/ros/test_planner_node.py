@@ -16,7 +16,6 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from builtin_interfaces.msg import Time  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
@@ -26,6 +25,7 @@ from timelyllm_ros.msg import SegmentDone, TimeUtility  # noqa: E402
 
 from lrtrace.nodes import LrtraceRecorderNode  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
+from timelyllm_ros.nodes.action_client import SafeActionClient  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -38,8 +38,8 @@ class Robots(Node):
     def __init__(self, name: str = 'test_robots', action: str = '/plan',
                  done_topic: str = '/segment_done') -> None:
         super().__init__(name)
-        self.client = ActionClient(self, PlanTask, action)
-        self.done_pub = self.create_publisher(SegmentDone, done_topic, 50)
+        self.client = SafeActionClient(self, PlanTask, action)
+        self.done_pub = self.create_publisher(SegmentDone, done_topic, 4096)
         self.rejections: list[str] = []
         self.create_subscription(String, '/plan_rejections',
                                  lambda m: self.rejections.append(m.data), 10)

@@ -21,7 +21,6 @@ import time
 
 import rclpy
 from builtin_interfaces.msg import Time
-from rclpy.action import ActionClient
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 from std_msgs.msg import String
@@ -32,6 +31,7 @@ from timelyllm_ros.errors import GoalError, TimelyError
 from timelyllm_ros.msg import SegmentDone, SkillExecution, TimeUtility
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
+from timelyllm_ros.nodes.action_client import SafeActionClient
 from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
@@ -61,7 +61,7 @@ class RobotControllerNode(Node):
         self.backend = self.robot.backend
         self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
-        self.plan_client = ActionClient(self, PlanTask, param('plan_action').value,
+        self.plan_client = SafeActionClient(self, PlanTask, param('plan_action').value,
                                         callback_group=group)
         self.done_pub = self.create_publisher(SegmentDone, '/segment_done', 50)
         self.skills_pub = self.create_publisher(SkillExecution, '/skill_executions', 100)
