@@ -143,3 +143,17 @@ def test_a_goal_that_does_not_wait_for_execution_ends_when_generated(service):
     assert recorder.ended.wait(5.0)
     assert recorder.generation.status.name == 'GENERATED' and len(recorder.segments) == 2
     assert goal_id not in service.scheduler.generations
+
+
+def test_fail_ends_an_active_goal_with_the_reason_once(service):
+    recorder = Recorder()
+    goal_id = service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment,
+                             recorder.on_end)
+    wait_for(lambda: recorder.segments)
+    service.fail(goal_id, 'the controller of drone_0 left the ROS graph')
+    assert recorder.ended.wait(5.0)
+    assert recorder.generation.status.name == 'FAILED'
+    assert recorder.generation.error == 'the controller of drone_0 left the ROS graph'
+    service.fail(goal_id, 'again')                       # ended: nothing happens
+    service.fail('no-such-goal', 'unknown')
+    assert service.state().status != 'failed'

@@ -180,6 +180,10 @@ class PlannerService:
         """Drop a goal's generation and free its memory (its end listener is called)."""
         self._inbox.put(('cancel', (task_id,)))
 
+    def fail(self, task_id: str, reason: str) -> None:
+        """End a goal as failed with the reason (its robot is gone); no-op once ended."""
+        self._inbox.put(('fail', (task_id, reason)))
+
     def report_segment(self, task_id: str, index: int, start_time: float, end_time: float,
                        success: bool = True, error: str = '') -> None:
         """A robot's SegmentDone, in the service clock's seconds."""
@@ -342,6 +346,11 @@ class PlannerService:
             (task_id,) = args
             if task_id in scheduler.generations:
                 self._notify_end(scheduler.cancel(str(task_id)))
+        elif kind == 'fail':
+            task_id, reason = args
+            failing = scheduler.generations.get(str(task_id))
+            if failing is not None and not failing.status.terminal:
+                self._notify_end(scheduler.fail(str(task_id), str(reason)))
         elif kind == 'state':
             (reply,) = args
             assert isinstance(reply, queue.Queue)

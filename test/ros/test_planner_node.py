@@ -257,3 +257,23 @@ def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
         executor.shutdown()
         planner.destroy_node()
         robots.destroy_node()
+
+
+def test_the_goal_of_a_controller_that_left_the_graph_is_aborted_with_the_reason(fleet):
+    planner, robots = fleet[0], fleet[1]
+    controller = Node('controller', namespace='drone_gone')     # its controller is up
+    deadline = time.monotonic() + 5
+    while 'drone_gone' not in planner._controllers_seen:
+        assert time.monotonic() < deadline, 'the planner never saw the controller'
+        time.sleep(0.05)
+    future, events = robots.send('drone_gone', CAT, report=False, wait_for_execution=True)
+    handle = wait(future)
+    assert handle.accepted
+    deadline = time.monotonic() + 10
+    while not events:
+        assert time.monotonic() < deadline, 'no segment'
+        time.sleep(0.02)
+    controller.destroy_node()                                   # killed mid-plan
+    result = wait(handle.get_result_async(), 10.0)
+    assert result.status == 6                                   # STATUS_ABORTED
+    assert 'controller of drone_gone left the ROS graph' in result.result.error

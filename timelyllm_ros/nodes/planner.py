@@ -68,6 +68,9 @@ class PlannerNode(Node):
             callback_group=group, **action_server_qos())
         self._reported_failure = False
         self._tasks: dict[bytes, str] = {}     # goal id -> task id (for cancels)
+        self._robots: dict[str, str] = {}      # active task id -> its robot id
+        self._controllers_seen: set[str] = set()   # robots whose controller node was up
+        self.create_timer(CONTROLLER_WATCH_S, self.watch_controllers, callback_group=group)
         self._active = 0                      # accepted goals not ended (threads held)
         self._active_lock = threading.Lock()
         self.service.start()
@@ -118,11 +121,12 @@ class PlannerNode(Node):
                 goal_handle.abort()
                 return PlanTask.Result(success=False, error=str(err))
             self._tasks[key] = task_id
+            self._robots[task_id] = goal_handle.request.robot_id
             if goal_handle.is_cancel_requested:       # canceled before it was submitted
                 self.service.cancel(task_id)
             return self._stream(goal_handle, task_id, events)
         finally:
-            self._tasks.pop(key, None)
+            self._robots.pop(self._tasks.pop(key, ''), None)
             with self._active_lock:
                 self._active -= 1
 
@@ -146,6 +150,19 @@ class PlannerNode(Node):
             else:
                 goal_handle.abort()
             return result
+
+    def watch_controllers(self) -> None:
+        """Fail the goals of a robot whose controller node was up and has left the graph
+        (killed, crashed): nobody will execute or report their segments."""
+        present = {namespace.strip('/') for name, namespace in
+                   self.get_node_names_and_namespaces() if name == 'controller'}
+        self._controllers_seen |= present
+        for task_id, robot_id in list(self._robots.items()):
+            if robot_id in self._controllers_seen and robot_id not in present:
+                self.get_logger().warning(f'goal {task_id}: the controller of {robot_id} is '
+                                          'gone; the goal is failed')
+                self.service.fail(task_id, f'the controller of {robot_id} left the ROS graph')
+        self._controllers_seen &= present | set(self._robots.values())
 
     def segment_done_callback(self, msg: SegmentDone) -> None:
         task_id, index, start, end, success, error = convert.segment_done_from_msg(
@@ -236,6 +253,9 @@ PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
 )
 """The planner's parameters: each needs a restart to change (read-only), with its range."""
 
+
+CONTROLLER_WATCH_S = 1.0
+"""How often the planner looks for controllers that left the ROS graph (s)."""
 
 MAX_ACTIVE_GOALS = 1024
 """Goals the planner serves at once (streaming or waiting on their robots); more are rejected
