@@ -277,3 +277,23 @@ def test_the_goal_of_a_controller_that_left_the_graph_is_aborted_with_the_reason
     result = wait(handle.get_result_async(), 10.0)
     assert result.status == 6                                   # STATUS_ABORTED
     assert 'controller of drone_gone left the ROS graph' in result.result.error
+
+
+def test_scheduler_state_counts_goals_executing_on_robots(fleet):
+    from timelyllm_ros.msg import SchedulerState
+
+    robots = fleet[1]
+    states: list = []
+    subscription = robots.create_subscription(SchedulerState, '/scheduler_state',
+                                              states.append, 10)
+    future, events = robots.send('drone_exec', CAT, report=False, wait_for_execution=True)
+    handle = wait(future)
+    deadline = time.monotonic() + 15
+    while not any(s.executing >= 1 and s.active_goals >= 1 and s.queued == 0 and
+                  s.running == 0 for s in states):
+        assert time.monotonic() < deadline, [(s.executing, s.active_goals) for s in states]
+        time.sleep(0.05)
+    assert states[-1].status == 'serving' and states[-1].error == ''
+    wait(handle.cancel_goal_async())
+    wait(handle.get_result_async())
+    robots.destroy_subscription(subscription)

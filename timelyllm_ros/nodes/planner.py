@@ -177,6 +177,8 @@ class PlannerNode(Node):
         self.state_pub.publish(SchedulerState(
             stamp=convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
             running=state.running, batch_size=state.last_batch_size,
+            executing=state.executing, active_goals=self._active, status=state.status,
+            error=state.error,
             goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
 
     def destroy_node(self) -> None:
