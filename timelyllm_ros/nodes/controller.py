@@ -37,6 +37,9 @@ from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import open_robot
 
+PLANNER_WATCH_S = 1.0
+"""How often a controller checks that its planner is up (s)."""
+
 
 class RobotControllerNode(Node):
     """Wires one robot backend to the planner's action server and the report topics."""
@@ -72,7 +75,10 @@ class RobotControllerNode(Node):
         self._queued_s = 0.0                # how long the active task waited in the queue
         self._segments: queue.Queue = queue.Queue()
         self._goal_handle = None
+        self._unsent: convert.TaskRequest | None = None   # the active task, not sent yet
+        self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
+        self.create_timer(PLANNER_WATCH_S, self.watch_planner, callback_group=group)
         self._worker = threading.Thread(target=self._execute_segments, daemon=True)
         self._worker.start()
         self.get_logger().info(f'{self.robot_id}: {self.profile.name} on the '
@@ -114,24 +120,47 @@ class RobotControllerNode(Node):
             self._start(request, 0.0)
 
     def _start(self, request: convert.TaskRequest | None, queued_s: float) -> None:
-        """Send the plan goal of the active task; a task that cannot be sent ends at once and
-        the next waiting one is tried."""
-        while request is not None:
-            if self.plan_client.wait_for_server(timeout_sec=5.0):
-                self._queued_s = queued_s
-                goal = convert.goal_to_msg(self.robot_id, self.profile.name, request,
-                                            self.get_parameter('urgency').value,
-                                            PlanTask.Goal, TimeUtility)
-                future = self.plan_client.send_goal_async(
-                    goal, feedback_callback=self.feedback_callback)
-                future.add_done_callback(self.goal_response_callback)
-                return
-            self.get_logger().error(f'{self.robot_id}: no planner action server for task '
-                                    f'{self._label(request)}')
-            self._publish_result(convert.rejection_report(
-                self.robot_id, request.task_id, queued_s, 'no planner action server'))
-            started = self.tasks.finish(time.monotonic())
-            request, queued_s = (started.item, started.queued_s) if started else (None, 0.0)
+        """Send the plan goal of the active task. With no planner action server up the task
+        waits, queue and all, and is sent when a planner is back (:meth:`watch_planner`)."""
+        if request is None:
+            return
+        self._queued_s = queued_s
+        if not self.plan_client.server_is_ready():
+            if self._unsent is not request:
+                self.get_logger().warning(f'{self.robot_id}: no planner action server: task '
+                                          f'{self._label(request)} waits for one')
+            self._unsent = request
+            return
+        self._unsent = None
+        goal = convert.goal_to_msg(self.robot_id, self.profile.name, request,
+                                   self.get_parameter('urgency').value, PlanTask.Goal,
+                                   TimeUtility)
+        future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
+        future.add_done_callback(self.goal_response_callback)
+
+    def watch_planner(self) -> None:
+        """Send a waiting task once a planner is up; end the active task when the planner
+        left while serving it (killed, crashed, restarted: its goal is gone with it)."""
+        ready = self.plan_client.server_is_ready()
+        if self._unsent is not None and ready:
+            self.get_logger().info(f'{self.robot_id}: a planner is up: sending task '
+                                   f'{self._label(self._unsent)}')
+            self._start(self._unsent, self._queued_s)
+        elif self._goal_handle is not None and not ready:
+            self._goal_handle = None
+            self._aborted_goal = self._active_goal_id     # the rest of its plan is dropped
+            while True:      # and its segments not started yet (a new planner reuses ids)
+                try:
+                    self._segments.get_nowait()
+                except queue.Empty:
+                    break
+            request = self.tasks.active
+            reason = 'the planner left while the task was active (its action server is gone)'
+            self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
+            self._publish_result(convert.failure_report(
+                self.robot_id, request.task_id if request is not None else '',
+                self._queued_s, reason))
+            self._next()
 
     def _next(self) -> None:
         """The active task ended: start the next waiting one, if any."""
@@ -155,12 +184,17 @@ class RobotControllerNode(Node):
             self._next()
             return
         self._goal_handle = handle
-        handle.get_result_async().add_done_callback(self.result_callback)
+        self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
+        handle.get_result_async().add_done_callback(
+            lambda result, handle=handle: self.result_callback(result, handle))
 
     def feedback_callback(self, feedback) -> None:  # type: ignore[no-untyped-def]
+        self._active_goal_id = feedback.feedback.segment.goal_id
         self._segments.put(feedback.feedback.segment)
 
-    def result_callback(self, future) -> None:  # type: ignore[no-untyped-def]
+    def result_callback(self, future, handle) -> None:  # type: ignore[no-untyped-def]
+        if handle is not self._goal_handle:
+            return       # a goal already ended here (its planner left): nothing to report
         request = self.tasks.active
         report = convert.result_report(
             self.robot_id, self.profile.name, future.result().result,

@@ -409,6 +409,13 @@ def rejection_report(robot_id: str, task_id: str = '', queued_s: float | None = 
                        **_extras(task_id, queued_s)})
 
 
+def failure_report(robot_id: str, task_id: str, queued_s: float | None, reason: str) -> str:
+    """The ``plan_results`` line of a task that ended without a PlanTask result (its planner
+    left while serving it)."""
+    return json.dumps({'robot_id': robot_id, 'success': False, 'error': reason,
+                       **_extras(task_id, queued_s)})
+
+
 def refusal_report(robot_id: str, task_id: str, reason: str) -> str:
     """The ``plan_results`` line of a task the controller refused (its queue was full, or the
     task message was invalid); ``error`` starts with ``refused:``."""
