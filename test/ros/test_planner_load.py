@@ -121,3 +121,4 @@ def test_500_concurrent_active_goals_are_served_and_canceled(load):
     wait_all(lambda: all(g.status.terminal
                          for g in planner.service.scheduler.generations.values()),
              10.0, 'the service to drop every goal')
+

@@ -20,6 +20,7 @@ import threading
 import time
 
 import rclpy
+from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Time
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
@@ -36,6 +37,8 @@ from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import open_robot
+
+_ENDED = (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
 
 PLANNER_WATCH_S = 1.0
 """How often a controller checks that its planner is up (s)."""
@@ -76,6 +79,7 @@ class RobotControllerNode(Node):
         self._segments: queue.Queue = queue.Queue()
         self._goal_handle = None
         self._unsent: convert.TaskRequest | None = None   # the active task, not sent yet
+        self._leaving = threading.Lock()
         self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
         self.create_timer(PLANNER_WATCH_S, self.watch_planner, callback_group=group)
@@ -147,20 +151,28 @@ class RobotControllerNode(Node):
                                    f'{self._label(self._unsent)}')
             self._start(self._unsent, self._queued_s)
         elif self._goal_handle is not None and not ready:
+            self._planner_left(self._goal_handle)
+
+    def _planner_left(self, handle) -> None:  # type: ignore[no-untyped-def]
+        """End the active task: its planner left while serving it (once: the watch timer and
+        the goal's result may both notice)."""
+        with self._leaving:
+            if handle is None or self._goal_handle is not handle:
+                return
             self._goal_handle = None
-            self._aborted_goal = self._active_goal_id     # the rest of its plan is dropped
-            while True:      # and its segments not started yet (a new planner reuses ids)
-                try:
-                    self._segments.get_nowait()
-                except queue.Empty:
-                    break
-            request = self.tasks.active
-            reason = 'the planner left while the task was active (its action server is gone)'
-            self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
-            self._publish_result(convert.failure_report(
-                self.robot_id, request.task_id if request is not None else '',
-                self._queued_s, reason))
-            self._next()
+        self._aborted_goal = self._active_goal_id     # the rest of its plan is dropped
+        while True:      # and its segments not started yet (a new planner reuses ids)
+            try:
+                self._segments.get_nowait()
+            except queue.Empty:
+                break
+        request = self.tasks.active
+        reason = 'the planner left while the task was active (its action server is gone)'
+        self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
+        self._publish_result(convert.failure_report(
+            self.robot_id, request.task_id if request is not None else '',
+            self._queued_s, reason))
+        self._next()
 
     def _next(self) -> None:
         """The active task ended: start the next waiting one, if any."""
@@ -195,6 +207,13 @@ class RobotControllerNode(Node):
     def result_callback(self, future, handle) -> None:  # type: ignore[no-untyped-def]
         if handle is not self._goal_handle:
             return       # a goal already ended here (its planner left): nothing to report
+        response = future.result()
+        if response.status not in _ENDED or not (response.result.success
+                                                 or response.result.error):
+            # No status, or a failure without a reason (our planner always gives one): the
+            # action server went away with the goal.
+            self._planner_left(handle)
+            return
         request = self.tasks.active
         report = convert.result_report(
             self.robot_id, self.profile.name, future.result().result,
