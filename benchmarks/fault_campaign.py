@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -45,7 +46,7 @@ from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError, GoalError
 from timelyllm_ros.goals import PlanGoal
-from timelyllm_ros.nodes.convert import parse_task, statements_from_text
+from timelyllm_ros.nodes.convert import statements_from_text, task_from_msg
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
@@ -235,31 +236,36 @@ def goals_section(tally: Tally, seed: int, n: int) -> dict[str, int]:
             pass
         except Exception as err:  # noqa: BLE001
             tally.exception('submit', err, repr(goal))
-    tasks = [parse_task_case(rng) for _ in range(n // 4)]
-    for text in tasks:
+    tasks = [task_message_case(rng) for _ in range(n // 4)]
+    for message in tasks:
         try:
-            parse_task(text)
+            task_from_msg(message)
         except GoalError:
             pass
         except Exception as err:  # noqa: BLE001
-            tally.exception('parse_task', err, text)
+            tally.exception('task_from_msg', err, repr(message))
     return {'goals': n, 'accepted': accepted, 'refused': refused, 'task_messages': len(tasks)}
 
 
-def parse_task_case(rng: np.random.Generator) -> str:
-    choice = int(rng.integers(6))
+def task_message_case(rng: np.random.Generator) -> SimpleNamespace:
+    """A Task message with fields a careless or hostile sender may set."""
+    numbers = (math.nan, math.inf, -math.inf, -1.0, 0.0, 1e308, 2.0)
+
+    def number() -> float:
+        return float(numbers[int(rng.integers(len(numbers)))])
+
+    choice = int(rng.integers(5))
+    task: object = random_text(rng, 300)
     if choice == 0:
-        return '[' * int(rng.integers(10, 100_000)) + ']' * int(rng.integers(0, 10))
-    if choice == 1:
-        return '{"task": "go", "tuf": {"beta": ' + '9' * int(rng.integers(300, 6000)) + '}}'
-    if choice == 2:
-        return json.dumps({'task': random_text(rng, 100), 'urgency': 'urgent',
-                           'task_id': random_text(rng, 10)})
-    if choice == 3:
-        return '{"task": "go", "tuf": {"beta": NaN, "ert_s": Infinity, "alpha": -1}}'
-    if choice == 4:
-        return random_text(rng, 300)
-    return '{"task": "\\ud800 go", "urgency": 5}'
+        task = 'x' * int(rng.integers(4000, 70_000))
+    elif choice == 1:
+        task = '\ud800 go'
+    elif choice == 2:
+        task = None
+    return SimpleNamespace(
+        task=task, task_id=random_text(rng, 10) if choice != 3 else ['id'],
+        urgency=('urgent', 'panic', '', 5)[int(rng.integers(4))], has_tuf=bool(rng.integers(2)),
+        tuf=SimpleNamespace(ert_s=number(), alpha=number(), beta=number()))
 
 
 def outputs_section(tally: Tally, seed: int, n: int) -> dict[str, int]:

@@ -8,23 +8,40 @@
 Every planner parameter (timelyllm_ros.nodes.planner.PARAMETERS) is a launch argument of the
 same name (``ros2 launch timelyllm_ros fleet.launch.py --show-args`` lists them).
 
-Each controller runs in its own namespace (``drone_0``, ``arm_0``, …): send it a task with
-``ros2 topic pub --once /drone_0/task std_msgs/msg/String "{data: 'find the cat'}"``. A robot
-executes one plan at a time; tasks that arrive meanwhile wait FIFO, at most
-``max_queued_tasks`` of them, further ones are refused (see ``<robot>/plan_results``).
+The planner is a lifecycle node: this launch file configures it (the engine loads the model)
+and, once it is inactive, activates it; ``ros2 lifecycle get /planner`` says where it is. A
+planner that fails to configure (bad engine, model or option) logs why and stays
+unconfigured.
+
+Every node uses relative names: the planner (and recorder) run in the ``fleet`` namespace
+(default: the root), each controller in ``<fleet>/<robot>`` (``drone_0``, ``arm_0``, …), its
+``plan`` action, ``segment_done`` and ``skill_executions`` remapped to the fleet's. Send a
+robot a task with ``ros2 topic pub --once /drone_0/task timelyllm_ros/msg/Task "{task: 'find
+the cat'}"``; its outcome arrives on ``/drone_0/plan_results``. A robot executes one plan at a
+time; tasks that arrive meanwhile wait (urgent ones first), at most ``max_queued_tasks`` of
+them, further ones are refused.
 """
 
 from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, EmitEvent, OpaqueFunction, RegisterEventHandler
 from launch.conditions import IfCondition
 from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import Node
+from launch_ros.actions import LifecycleNode, Node
+from launch_ros.event_handlers import OnStateTransition
+from launch_ros.events.lifecycle import ChangeState
 from launch_ros.parameter_descriptions import ParameterValue
+from lifecycle_msgs.msg import Transition
 
+from timelyllm_ros.nodes.controller import fleet_remappings
 from timelyllm_ros.nodes.planner import PARAMETERS as PLANNER_PARAMETERS
 
 
-def _controllers(context, *args, **kwargs):
+def _fleet_namespace(context) -> str:
+    return '/' + LaunchConfiguration('fleet').perform(context).strip('/')
+
+
+def _nodes(context, *args, **kwargs):
+    fleet = _fleet_namespace(context)
     backend = LaunchConfiguration('backend').perform(context)
     max_queued = int(LaunchConfiguration('max_queued_tasks').perform(context))
     nodes = []
@@ -33,11 +50,37 @@ def _controllers(context, *args, **kwargs):
         for i in range(int(LaunchConfiguration(count).perform(context))):
             name = f'{kind}_{i}'
             nodes.append(Node(
-                package='timelyllm_ros', executable=executable, namespace=name,
-                name='controller', output='screen',
+                package='timelyllm_ros', executable=executable,
+                namespace=f'{fleet.rstrip("/")}/{name}', name='controller', output='screen',
                 parameters=[{'robot_id': name, 'backend': backend,
-                             'max_queued_tasks': max_queued}]))
+                             'max_queued_tasks': max_queued}],
+                remappings=fleet_remappings(fleet)))
+    nodes.append(Node(
+        package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
+        namespace=fleet, output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],
+        condition=IfCondition(LaunchConfiguration('record'))))
     return nodes
+
+
+def _planner(context, *args, **kwargs):
+    planner = LifecycleNode(
+        package='timelyllm_ros', executable='planner', name='planner',
+        namespace=_fleet_namespace(context), output='screen',
+        parameters=[{name: ParameterValue(LaunchConfiguration(name), value_type=type(default))
+                     for name, default, _ in PLANNER_PARAMETERS if name != 'autostart'}])
+
+    def transition(transition_id: int) -> EmitEvent:
+        return EmitEvent(event=ChangeState(
+            lifecycle_node_matcher=lambda action: action is planner,
+            transition_id=transition_id))
+
+    return [
+        planner,
+        RegisterEventHandler(OnStateTransition(
+            target_lifecycle_node=planner, goal_state='inactive',
+            entities=[transition(Transition.TRANSITION_ACTIVATE)])),
+        transition(Transition.TRANSITION_CONFIGURE),
+    ]
 
 
 def generate_launch_description():
@@ -46,20 +89,17 @@ def generate_launch_description():
         DeclareLaunchArgument('arms', default_value='1', description='arm controllers'),
         DeclareLaunchArgument('backend', default_value='sim',
                               description='robot backend: sim | emulator | real'),
+        DeclareLaunchArgument('fleet', default_value='',
+                              description='namespace of the planner, its robots and recorder'),
         *[DeclareLaunchArgument(name, default_value=str(default),
                                 description=descriptor.description)
-          for name, default, descriptor in PLANNER_PARAMETERS],
+          for name, default, descriptor in PLANNER_PARAMETERS if name != 'autostart'],
         DeclareLaunchArgument('max_queued_tasks', default_value='8',
-                              description='tasks a busy robot queues (FIFO) before refusing'),
+                              description='tasks a busy robot queues before refusing'),
         DeclareLaunchArgument('record', default_value='false',
                               description='start the LRTrace recorder'),
         DeclareLaunchArgument('bag', default_value='fleet_bag',
                               description='bag directory of the recorder'),
-        Node(package='timelyllm_ros', executable='planner', name='planner', output='screen',
-             parameters=[{name: ParameterValue(LaunchConfiguration(name), value_type=type(default))
-                          for name, default, _ in PLANNER_PARAMETERS}]),
-        OpaqueFunction(function=_controllers),
-        Node(package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
-             output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],
-             condition=IfCondition(LaunchConfiguration('record'))),
+        OpaqueFunction(function=_planner),
+        OpaqueFunction(function=_nodes),
     ])

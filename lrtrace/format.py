@@ -33,6 +33,7 @@ from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
 from timelyllm_ros.errors import TraceFormatError
+from timelyllm_ros.task_record import UNSET_STAMP_SEC
 
 __all__ = [
     'MSG_TYPES', 'META_TOPIC', 'SEGMENTS_TOPIC', 'SEGMENT_DONE_TOPIC', 'SKILLS_TOPIC',
@@ -72,9 +73,6 @@ MSG_TYPES = tuple(dict.fromkeys(TOPICS.values()))
 
 CUSTOM_DATA_VERSION = 'lrtrace_version'
 """``metadata.yaml`` custom_data key holding the format version (the meta message holds it too)."""
-
-UNSET_STAMP_SEC = -(2**31)
-"""``sec`` of the stamp that stands for "never happened" (NaN seconds in the core)."""
 
 _NS = 1_000_000_000
 _INT32_MAX = 2**31 - 1

@@ -1,13 +1,15 @@
 """lrtrace_recorder and lrtrace_replayer nodes: thin ROS bridges over the LRTrace library.
 
-* ``lrtrace_recorder`` subscribes to ``/segments``, ``/segment_done`` and
-  ``/skill_executions`` and writes them into an MCAP rosbag2 bag (``bag`` parameter), flushing
-  in chunks so that a killed recorder leaves a readable bag.
+* ``lrtrace_recorder`` subscribes to ``segments``, ``segment_done``, ``skill_executions``
+  and the planner's ``task_records`` (relative names: run it in the planner's namespace) and
+  writes them into an MCAP rosbag2 bag (``bag`` parameter), flushing in chunks so that a
+  killed recorder leaves a readable bag.
 * ``lrtrace_replayer`` draws a workload (``workload`` or ``workload_file``, ``seed``),
-  publishes each task (its id, TUF class and TUF in the JSON task object controllers read) on
-  the ``task`` topic of a robot of the right kind at its arrival time (``robots``: namespaces
-  such as ``drone_0``, with their ``robot_kinds``), collects the controllers' ``plan_results``,
-  logs the metrics at the end and exits (0: every sent task reported back).
+  publishes each task (a ``Task`` with its id, TUF class and TUF) on the ``task`` topic of a
+  robot of the right kind at its arrival time (``robots``: namespaces such as ``drone_0``,
+  relative to the replayer's namespace, with their ``robot_kinds``), collects the
+  controllers' ``PlanResult``s, logs the metrics at the end and exits (0: every sent task
+  reported back).
 """
 
 from __future__ import annotations
@@ -19,14 +21,24 @@ from pathlib import Path
 import rclpy
 from rclpy.exceptions import ParameterException
 from rclpy.node import Node
+from rclpy.serialization import serialize_message
 from rclpy.task import Future
-from std_msgs.msg import String
-from timelyllm_ros.msg import Segment, SegmentDone, SkillExecution
+from timelyllm_ros.msg import (
+    PlanResult,
+    Segment,
+    SegmentDone,
+    SkillExecution,
+    Task,
+    TaskRecord,
+    TimeUtility,
+)
 
+from lrtrace import format as fmt
 from lrtrace.recorder import TraceRecorder
 from lrtrace.replay import LiveReplay
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.nodes import convert
+from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, reliable
 from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.workloads import resolve_workload
 
@@ -42,12 +54,16 @@ class LrtraceRecorderNode(Node):
         self.recorder = TraceRecorder(path, chunk_size=self.get_parameter('chunk_size').value,
                                       source='ros2 fleet', start_time=time.time())
         self.recorder.open()
-        self.create_subscription(Segment, '/segments', self.segment_callback, 100)
-        self.create_subscription(SegmentDone, '/segment_done', self.done_callback, 100)
-        self.create_subscription(SkillExecution, '/skill_executions', self.skill_callback, 100)
+        qos = reliable(ACTION_QUEUE_DEPTH)
+        self.create_subscription(Segment, 'segments', self.segment_callback, qos)
+        self.create_subscription(SegmentDone, 'segment_done', self.done_callback, qos)
+        self.create_subscription(SkillExecution, 'skill_executions', self.skill_callback, qos)
+        self.create_subscription(TaskRecord, 'task_records', self.task_callback, qos)
         self.get_logger().info(f'recording into {path}')
 
     def segment_callback(self, msg: Segment) -> None:
+        if convert.is_plan_end(msg):
+            return
         self.recorder.record_segment_fields(
             msg.robot_id, msg.goal_id, msg.index, msg.text, list(msg.skills), msg.is_last,
             convert.seconds(msg.generated_stamp), msg.estimated_execution_s)
@@ -56,6 +72,12 @@ class LrtraceRecorderNode(Node):
         self.recorder.record_segment_done(
             msg.robot_id, msg.goal_id, msg.index, convert.seconds(msg.start_stamp),
             convert.seconds(msg.end_stamp), msg.success, msg.error)
+
+    def task_callback(self, msg: TaskRecord) -> None:
+        """The planner's record of an ended task: same message type and serialization as
+        the bag's, written as it came."""
+        self.recorder.record_serialized(fmt.TASKS_TOPIC, serialize_message(msg),
+                                        convert.seconds(msg.done_stamp))
 
     def skill_callback(self, msg: SkillExecution) -> None:
         self.recorder.record_skill(msg.robot_id, msg.goal_id, msg.segment_index,
@@ -101,9 +123,11 @@ class LrtraceReplayerNode(Node):
         self.replay = LiveReplay.from_lists(
             [t for t in tasks if not limit or t.arrival_time <= limit], robots,
             list(param('robot_kinds').value))
-        self.publishers_ = {r: self.create_publisher(String, f'/{r}/task', 10) for r in robots}
+        qos = reliable(ACTION_QUEUE_DEPTH)
+        self.publishers_ = {r: self.create_publisher(Task, f'{r}/task', qos) for r in robots}
         for robot in robots:
-            self.create_subscription(String, f'/{robot}/plan_results', self.result_callback, 50)
+            self.create_subscription(PlanResult, f'{robot}/plan_results', self.result_callback,
+                                     qos)
         self.finished = Future()     # done (with the exit status) once the summary is out
         self.done = False
         self.exit_code = 1
@@ -115,7 +139,7 @@ class LrtraceReplayerNode(Node):
     def _unready(self) -> list[str]:
         return [r for r, pub in self.publishers_.items()
                 if pub.get_subscription_count() == 0
-                or self.count_publishers(f'/{r}/plan_results') == 0]
+                or self.count_publishers(self.resolve_topic_name(f'{r}/plan_results')) == 0]
 
     def tick(self) -> None:
         if self.done:
@@ -134,8 +158,9 @@ class LrtraceReplayerNode(Node):
                 f'{", ".join(f"{r} ({k})" for r, k in self.replay.robots.items())}')
         for dispatch in self.replay.due(now - self.start):
             task = dispatch.task
-            self.publishers_[dispatch.robot].publish(String(data=convert.task_payload(
-                task.task, task.task_id, dispatch.urgency, task.tuf)))
+            self.publishers_[dispatch.robot].publish(convert.task_to_msg(
+                convert.TaskRequest(task.task, task.task_id, dispatch.urgency, task.tuf),
+                Task, TimeUtility))
             self.last_activity = now
             self.get_logger().info(f'{task.task_id} ({task.task_type}, {task.task_class}) at '
                                    f'{task.arrival_time:.2f} s -> {dispatch.robot}')
@@ -146,15 +171,10 @@ class LrtraceReplayerNode(Node):
             self.get_logger().warning(f'{self.replay.missing} results did not arrive')
             self._finish()
 
-    def result_callback(self, msg: String) -> None:
-        try:
-            report = convert.parse_report(msg.data)
-        except ValueError as err:
-            self.get_logger().warning(str(err))
-            return
+    def result_callback(self, msg: PlanResult) -> None:
         if self.done:
             return
-        self.replay.record(report)
+        self.replay.record(convert.plan_result_fields(msg))
         self.last_activity = time.monotonic()
 
     def _finish(self) -> None:

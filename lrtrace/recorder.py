@@ -48,6 +48,7 @@ from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, Segment, TaskSpec
 from timelyllm_ros.robots.backend import SkillRecord
 from timelyllm_ros.segmenter import segment_text
+from timelyllm_ros.task_record import STAMP_FIELDS, STAMP_LIST_FIELDS, task_record_fields
 
 __all__ = ['DEFAULT_CHUNK_SIZE', 'TraceRecorder', 'record_simulation', 'simulation_skill_records',
            'with_drawn_skill_times', 'write_mcap_crcs']
@@ -284,10 +285,18 @@ class TraceRecorder:
 
     # -- records --------------------------------------------------------------------------------
     def _write(self, topic: str, msg: Any, log_time_ns: int) -> None:
+        self._write_serialized(topic, fmt.serialize(msg), log_time_ns)
+
+    def _write_serialized(self, topic: str, data: bytes, log_time_ns: int) -> None:
         if self._writer is None:
             raise TraceFormatError(f'{self.path}: recorder is not open')
-        self._writer.write(self._connections[topic], log_time_ns, fmt.serialize(msg))
+        self._writer.write(self._connections[topic], log_time_ns, data)
         self.counts[topic] += 1
+
+    def record_serialized(self, topic: str, data: bytes, log_time: float) -> None:
+        """Write a message already serialized (CDR, e.g. by rclpy) on one of the bag's
+        topics, at ``log_time`` seconds."""
+        self._write_serialized(topic, data, fmt.log_time_ns(log_time))
 
     def record_task(self, generation: Generation, pieces: Sequence[str] | None = None) -> None:
         """Record one task: request, TUF, generated text and pieces, cuts and segment times.
@@ -297,38 +306,18 @@ class TraceRecorder:
             pieces: the generated token pieces; by default the first ``generation.tokens``
                 pieces of the request's script (what the simulated engine emitted).
         """
+        fields = task_record_fields(generation, pieces)
+        for name in STAMP_FIELDS:
+            fields[name] = fmt.stamp(fields[name])
+        for name in STAMP_LIST_FIELDS:
+            fields[name] = [fmt.stamp(t) for t in fields[name]]
+        fields['tuf'] = fmt.message_class(f'{fmt.PACKAGE}/msg/TimeUtility')(**fields['tuf'])
+        fields['cut_tokens'] = np.array(fields['cut_tokens'], dtype=np.uint32)
+        fields['estimated_execution_s'] = np.array(fields['estimated_execution_s'],
+                                                   dtype=np.float64)
+        fields['segment_success'] = np.array(fields['segment_success'], dtype=np.bool_)
+        msg = fmt.message_class(fmt.TASK_RECORD)(**fields)
         spec = generation.spec
-        if pieces is None:
-            pieces = spec.script[:generation.tokens] if spec.script is not None else ()
-        pieces = [str(p) for p in pieces]
-        segments = generation.segments
-        text = ''.join(pieces) if pieces else ''.join(s.text for s in segments)
-        cuts: list[int] = []
-        total = 0
-        for segment in segments:
-            total += segment.tokens
-            cuts.append(total)
-        stamp = fmt.stamp
-        msg = fmt.message_class(fmt.TASK_RECORD)(
-            robot_id=spec.robot_id, task_id=spec.task_id, profile=spec.profile,
-            task_class=spec.task_class, task_type=spec.task_type, task=spec.task,
-            tuf=fmt.message_class(f'{fmt.PACKAGE}/msg/TimeUtility')(
-                ert_s=spec.tuf.ert_s, alpha=spec.tuf.alpha, beta=spec.tuf.beta),
-            arrival_stamp=stamp(spec.arrival_time), prompt_tokens=spec.prompt_tokens,
-            task_tokens=spec.task_tokens, text=text, token_pieces=pieces,
-            cut_tokens=np.array(cuts, dtype=np.uint32),
-            cut_stamps=[stamp(s.cut_time) for s in segments],
-            dispatch_stamps=[stamp(s.dispatch_time) for s in segments],
-            start_stamps=[stamp(s.start_time) for s in segments],
-            end_stamps=[stamp(s.end_time) for s in segments],
-            estimated_execution_s=np.array([s.estimated_exec_s for s in segments],
-                                           dtype=np.float64),
-            segment_texts=[s.text for s in segments],
-            segment_success=np.array([s.success for s in segments], dtype=np.bool_),
-            segment_errors=[s.error for s in segments],
-            status=generation.status.name, finish_reason=generation.finish_reason,
-            error=generation.error, suspensions=generation.suspensions,
-            preemptions=generation.preemptions, done_stamp=stamp(generation.done_time))
         self._write(fmt.TASKS_TOPIC, msg, fmt.log_time_ns(generation.done_time,
                                                           spec.arrival_time))
 

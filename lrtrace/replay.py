@@ -248,8 +248,9 @@ class LiveReplay:
 
     Each task goes to a robot of its profile (``robots``: robot name → profile name), the
     workload's agent number modulo the robots of that kind; tasks of a kind no robot has are
-    skipped. Reports are the controllers' ``plan_results`` lines, parsed (dicts with
-    ``success`` and, when the controller knows it, ``task_id``).
+    skipped. Reports are the controllers' ``PlanResult`` messages as dicts
+    (:func:`timelyllm_ros.nodes.convert.plan_result_fields`: ``success``, ``outcome``,
+    ``task_id``, times, ...).
     """
 
     def __init__(self, tasks: Sequence[TaskSpec], robots: Mapping[str, str]) -> None:
@@ -320,6 +321,8 @@ class LiveReplay:
         def kind(report: Mapping[str, object]) -> str:
             if report.get('success'):
                 return 'succeeded'
+            if report.get('outcome') in ('rejected', 'refused'):
+                return str(report['outcome'])
             error = str(report.get('error', ''))
             for word in ('refused', 'rejected'):
                 if error.startswith(word):

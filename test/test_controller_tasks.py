@@ -1,15 +1,14 @@
-"""A controller's task admission (one plan at a time, bounded FIFO) and its task messages,
-without ROS (the node wraps :mod:`timelyllm_ros.nodes._tasks` and ``convert``)."""
+"""A controller's task admission (one plan at a time, a bounded queue, urgent first) and its
+messages, without ROS (the node wraps :mod:`timelyllm_ros.nodes._tasks` and ``convert``)."""
 
 from __future__ import annotations
 
-import json
 import threading
 from types import SimpleNamespace
 
 import pytest
 
-from timelyllm_ros.errors import GoalError, TufError
+from timelyllm_ros.errors import TufError
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
 from timelyllm_ros.tuf import URGENT, Tuf
@@ -62,6 +61,18 @@ def test_drain_drops_the_waiting_tasks_oldest_first():
     assert tasks.drain() == ['b', 'c'] and tasks.waiting == 0
 
 
+def test_urgent_tasks_wait_ahead_of_normal_ones_and_keep_arrival_order_among_equals():
+    tasks: TaskQueue[str] = TaskQueue(max_waiting=5, rank=lambda t: 0 if t.startswith('u') else 1)
+    tasks.offer('n0', 0.0)                                   # executing
+    assert tasks.offer('n1', 1.0).position == 1
+    assert tasks.offer('n2', 2.0).position == 2
+    assert tasks.offer('u1', 3.0).position == 1              # ahead of the normal ones
+    assert tasks.offer('u2', 4.0).position == 2              # behind the earlier urgent one
+    assert tasks.offer('n3', 5.0).position == 5
+    assert [tasks.finish(6.0).item for _ in range(5)] == ['u1', 'u2', 'n1', 'n2', 'n3']
+    assert tasks.finish(7.0) is None
+
+
 def test_concurrent_offers_start_exactly_one_task():
     tasks: TaskQueue[int] = TaskQueue(max_waiting=100)
     outcomes: list[str] = []
@@ -83,20 +94,16 @@ def test_concurrent_offers_start_exactly_one_task():
     assert sorted([first, *order]) == list(range(16))
 
 
-def test_plain_text_and_json_task_messages():
-    assert convert.parse_task('find the cat') == convert.TaskRequest(task='find the cat')
-    assert convert.parse_task('{not json') == convert.TaskRequest(task='{not json')
-    payload = convert.task_payload('a dog is chasing me', 'task-0003', 'urgent', URGENT)
-    request = convert.parse_task(payload)
-    assert request == convert.TaskRequest('a dog is chasing me', 'task-0003', 'urgent', URGENT)
-    assert convert.parse_task(convert.task_payload('hover')) == convert.TaskRequest('hover')
-    with pytest.raises(GoalError, match='no "task"'):
-        convert.parse_task('{"task_id": "x"}')
-    with pytest.raises(GoalError, match='bad "tuf"'):
-        convert.parse_task('{"task": "x", "tuf": {"beta": 1}}')
+def test_task_messages_round_trip_with_id_urgency_and_tuf():
+    request = convert.TaskRequest('a dog is chasing me', 'task-0003', 'urgent', URGENT)
+    msg = convert.task_to_msg(request, Msg, Msg)
+    assert msg.has_tuf and msg.task_id == 'task-0003'
+    assert convert.task_from_msg(msg) == request
+    plain = Msg(task='hover', task_id='', urgency='', has_tuf=False, tuf=Msg())
+    assert convert.task_from_msg(plain) == convert.TaskRequest('hover')
     with pytest.raises(TufError):
-        convert.parse_task(json.dumps({'task': 'x',
-                                        'tuf': {'ert_s': 0.2, 'alpha': 5.0, 'beta': 1.0}}))
+        convert.task_from_msg(Msg(task='x', task_id='', urgency='', has_tuf=True,
+                                  tuf=Msg(ert_s=0.2, alpha=5.0, beta=1.0)))
 
 
 def test_goal_to_msg_uses_the_default_urgency_and_an_explicit_tuf():
@@ -112,15 +119,52 @@ def test_goal_to_msg_uses_the_default_urgency_and_an_explicit_tuf():
     assert (goal.tuf.ert_s, goal.tuf.alpha, goal.tuf.beta) == (3.0, -0.5, 1.0)
 
 
-def test_reports_carry_the_task_id_and_queue_time_and_say_refused():
-    result = Msg(success=True, error='', segment_count=2, response_time_s=0.2,
+def test_goal_to_msg_carries_the_task_id():
+    goal = convert.goal_to_msg('drone_0', 'tello', convert.TaskRequest('hover', 't7'), 'normal',
+                               Msg, Msg)
+    assert goal.task_id == 't7'
+
+
+def test_plan_results_carry_outcome_task_id_and_queue_time():
+    result = Msg(success=True, error='', plan='tu(90)', segment_count=2, response_time_s=0.2,
                  waiting_time_s=0.3, utility=1.0)
-    report = convert.parse_report(convert.result_report('drone_0', 'tello', result,
-                                                          'task-0001', 1.5))
-    assert report['task_id'] == 'task-0001' and report['queued_s'] == 1.5
-    refused = convert.parse_report(convert.refusal_report('drone_0', 'task-0002',
-                                                            'task queue full'))
-    assert refused == {'robot_id': 'drone_0', 'success': False,
-                       'error': 'refused: task queue full', 'task_id': 'task-0002'}
-    rejected = convert.parse_report(convert.rejection_report('drone_0', 't', 0.0, 'no server'))
-    assert rejected['error'] == 'rejected: no server' and rejected['queued_s'] == 0.0
+    msg = convert.plan_result_to_msg(Msg, Msg, stamp_s=12.5, robot_id='drone_0',
+                                     robot_kind='tello', task_id='task-0001',
+                                     outcome='succeeded', queued_s=1.5, result=result)
+    fields = convert.plan_result_fields(msg)
+    assert fields == {'robot_id': 'drone_0', 'robot_kind': 'tello', 'task_id': 'task-0001',
+                      'outcome': 'succeeded', 'success': True, 'error': '', 'plan': 'tu(90)',
+                      'segment_count': 2, 'response_time_s': 0.2, 'waiting_time_s': 0.3,
+                      'utility': 1.0, 'queued_s': 1.5}
+    assert (msg.stamp.sec, msg.stamp.nanosec) == (12, 500_000_000)
+    refused = convert.plan_result_to_msg(Msg, Msg, stamp_s=1.0, robot_id='drone_0',
+                                         robot_kind='tello', task_id='task-0002',
+                                         outcome='refused', error='task queue full')
+    assert (refused.success, refused.error, refused.response_time_s) == (
+        False, 'task queue full', -1.0)
+    assert not hasattr(refused, 'plan')
+
+
+@pytest.mark.parametrize('status, success, error, outcome', [
+    (4, True, '', 'succeeded'),
+    (6, False, 'rejected: unknown robot kind', 'rejected'),
+    (6, False, 'the robot reported a failure', 'failed'),
+    (5, False, 'cancelled', 'canceled'),
+])
+def test_outcome_of_a_goal(status, success, error, outcome):
+    assert convert.outcome_of(status, Msg(success=success, error=error)) == outcome
+
+
+def test_rejections_keep_robot_and_task_apart_from_the_reason():
+    msg = convert.rejection_to_msg(Msg, Msg, 3.0, 'drone_9', 't1', 'unknown robot kind')
+    assert (msg.robot_id, msg.task_id, msg.reason) == ('drone_9', 't1', 'unknown robot kind')
+    odd = convert.rejection_to_msg(Msg, Msg, 3.0, 7, None, 'unreadable goal')
+    assert (odd.robot_id, odd.task_id) == ('', '')
+
+
+def test_segment_text_is_sent_clean_and_the_plan_end_marker_is_recognised():
+    assert convert.clean_segment_text('; tc(90)\n') == 'tc(90)'
+    assert convert.clean_segment_text(' The cat is here. ') == 'The cat is here.'
+    assert convert.is_plan_end(Msg(is_last=True, text='', skills=[]))
+    assert not convert.is_plan_end(Msg(is_last=True, text='tc(90)', skills=['turn_cw']))
+    assert not convert.is_plan_end(Msg(is_last=False, text='', skills=[]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from types import SimpleNamespace
 
@@ -129,14 +128,19 @@ def test_result_fields_of_a_finished_and_a_failed_goal():
     assert fields['response_time_s'] == -1.0 and fields['utility'] == 0.0
 
 
-def test_reports_round_trip_and_reject_garbage():
-    result = Msg(success=True, error='', plan='mf(50);tc(90)', segment_count=2,
-                 response_time_s=0.2, waiting_time_s=0.3, utility=1.0)
-    report = convert.parse_report(convert.result_report('drone_0', 'tello', result))
-    assert report == {'robot_id': 'drone_0', 'robot_kind': 'tello', 'success': True,
-                      'error': '', 'plan': 'mf(50);tc(90)', 'segment_count': 2,
-                      'response_time_s': 0.2,
-                      'waiting_time_s': 0.3, 'utility': 1.0}
-    assert json.loads(convert.rejection_report('arm_0'))['error'] == 'rejected'
-    with pytest.raises(ValueError):
-        convert.parse_report('[1, 2]')
+def test_task_record_of_a_live_goal_marks_unexecuted_segments_unset():
+    scheduler, generation, dispatched = run_one('mf(50);tc(90)')
+    first = dispatched[0].segment
+    scheduler.report_segment(generation.task_id, first.index, first.cut_time + 0.01,
+                             first.cut_time + 2.0)
+    record = convert.task_record_to_msg(generation, 'task-0007', Msg, Msg, Msg)
+    assert (record.task_id, record.robot_id, record.profile) == (
+        'task-0007', generation.spec.robot_id, 'tello')
+    assert record.segment_texts == ['mf(50)', ';tc(90)'] and record.cut_tokens[-1] > 0
+    assert record.end_stamps[0].sec >= 0
+    assert (record.end_stamps[1].sec, record.end_stamps[1].nanosec) == (-(2**31), 0)
+    assert (record.tuf.ert_s, record.tuf.beta) == (generation.spec.tuf.ert_s,
+                                                   generation.spec.tuf.beta)
+    assert convert.task_record_to_msg(generation, '', Msg, Msg, Msg).task_id == \
+        generation.task_id
+

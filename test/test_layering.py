@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     # L1: the robots' plan language, execution times, goals, traces and workloads
     'timelyllm_ros.exec_time': 1, 'timelyllm_ros.profiles': 1, 'timelyllm_ros.segmenter': 1,
     'timelyllm_ros.execution': 1, 'timelyllm_ros.goals': 1, 'timelyllm_ros.traces': 1,
-    'timelyllm_ros.workloads': 1, 'timelyllm_ros.grammar': 1,
+    'timelyllm_ros.workloads': 1, 'timelyllm_ros.grammar': 1, 'timelyllm_ros.task_record': 1,
     # L2: ranking and admission, and the engine interface policies read
     'timelyllm_ros.queue': 2, 'timelyllm_ros.priority': 2, 'timelyllm_ros.admission': 2,
     'timelyllm_ros.predictors': 2, 'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,
@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
 ROS_MODULES = ('timelyllm_ros.nodes', 'lrtrace.nodes')   # need rclpy: L5 only
 NOT_FOR_LRTRACE = ('timelyllm_ros.cli', 'timelyllm_ros.__main__')
 ROS_LIBRARIES = ('rclpy', 'launch', 'launch_ros', 'rosidl_runtime_py', 'std_msgs',
+                 'rcl_interfaces', 'lifecycle_msgs', 'action_msgs', 'builtin_interfaces',
                  'timelyllm_ros.msg', 'timelyllm_ros.action')
 VENDOR_OWNERS = {
     'djitellopy': ('timelyllm_ros.robots.tello', 'timelyllm_ros.robots.emulators.tello'),

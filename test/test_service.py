@@ -20,11 +20,15 @@ class Recorder:
 
     def __init__(self) -> None:
         self.segments: list = []
+        self.closing: list = []        # plan-end markers (closing_segment)
         self.ended = threading.Event()
         self.generation = None
 
     def on_segment(self, generation, segment) -> None:
-        self.segments.append((time.monotonic(), segment))
+        if segment.statements:
+            self.segments.append((time.monotonic(), segment))
+        else:
+            self.closing.append(segment)
 
     def on_end(self, generation) -> None:
         self.generation = generation

@@ -136,6 +136,8 @@ class TickResult:
     batch_size: int = 0                                       # generations in the iteration
     dispatches: list[Dispatch] = field(default_factory=list)  # segments to send now
     ended: list[Generation] = field(default_factory=list)     # reached a terminal status
+    closed: list[Generation] = field(default_factory=list)    # plan ended after its last
+                                                              # segment was dispatched
     decision: Decision | None = None                          # what the tick decided
 
 
@@ -579,6 +581,7 @@ class Scheduler:
                            out, is_last=True)
         else:
             generation.segments[-1].is_last = True
+            out.closed.append(generation)
         self.policy.on_end(generation, now)
         self._maybe_finished(generation, out)
 

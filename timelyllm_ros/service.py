@@ -24,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from timelyllm_ros.clock import WallClock
+from timelyllm_ros.clock import Clock, WallClock
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, describe_error
@@ -40,7 +40,15 @@ SegmentListener = Callable[[Generation, Segment], None]
 EndListener = Callable[[Generation], None]
 
 
-__all__ = ['PlanGoal', 'PlannerService', 'ServiceState']
+__all__ = ['PlanGoal', 'PlannerService', 'ServiceState', 'closing_segment']
+
+
+def closing_segment(generation: Generation, now: float) -> Segment:
+    """The marker that closes a plan whose last segment was sent before its generation
+    ended at ``now``: no text, no statements, the next index, ``is_last``. Robots execute
+    nothing for it and report nothing; it is not one of the generation's segments."""
+    return Segment(index=len(generation.segments), text='', statements=(), cut_time=now,
+                   dispatch_time=now, estimated_exec_s=0.0, tokens=0, is_last=True)
 
 ServiceStatus = Literal['idle', 'serving', 'failed', 'stopped']
 
@@ -94,7 +102,8 @@ class PlannerService:
                engine_options: Mapping[str, object] | None = None,
                calibration: str | None = None, max_batch: int | None = None,
                comm_s: float = 0.008, profiles_dir: str | None = None,
-               config: SchedulerConfig | None = None, grammar: bool = True) -> PlannerService:
+               config: SchedulerConfig | None = None, grammar: bool = True,
+               clock: Clock | None = None) -> PlannerService:
         """Build a service over a new engine, e.g. ``create(engine='cpu', model='smollm2')``
         (the simulator runs in real time).
 
@@ -102,7 +111,8 @@ class PlannerService:
         simulator also takes ``calibration``. ``grammar`` constrains robot plans to their
         profile's grammar on a real engine (off: free generation, for comparison). ``config``
         overrides ``comm_s``, ``max_batch`` and ``grammar`` with every scheduler parameter
-        (report deadlines included).
+        (report deadlines included). ``clock`` is the service's time (default: monotonic wall
+        time; the ROS planner passes its node's clock, so that its stamps follow ROS time).
 
         Raises:
             EngineError: an unknown engine, an option it does not take, or one it failed with.
@@ -120,7 +130,8 @@ class PlannerService:
 
             config = config or SchedulerConfig(comm_s=comm_s, max_batch=max_batch,
                                                grammar=grammar)
-            scheduler = Scheduler(create_policy(policy), built, WallClock(), config, profiles)
+            scheduler = Scheduler(create_policy(policy), built, clock or WallClock(), config,
+                                  profiles)
         except Exception:
             built.close()
             raise
@@ -246,6 +257,9 @@ class PlannerService:
                 generation = scheduler.generations.get(dispatch.task_id)
                 if generation is not None:
                     self._notify_segment(generation, dispatch.segment)
+            for generation in out.closed:
+                self._notify_segment(generation, closing_segment(generation,
+                                                                    scheduler.clock.now()))
             ended = out.ended
         else:
             ended = scheduler.expire_overdue()

@@ -2,10 +2,9 @@
 
 Run in a ROS 2 workspace after ``colcon build``: ``launch_test test/ros/fleet_launch_test.py``
 (``colcon test`` runs it too). Two drones and one arm on the simulated backend, the simulated
-engine, and the LRTrace recorder.
+engine, and the LRTrace recorder. The launch file drives the lifecycle planner to active.
 """
 
-import json
 import os
 import tempfile
 import time
@@ -22,7 +21,9 @@ import launch_testing.asserts  # noqa: E402
 import rclpy  # noqa: E402
 from ament_index_python.packages import get_package_share_directory  # noqa: E402
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
+from lifecycle_msgs.msg import State  # noqa: E402
+from lifecycle_msgs.srv import GetState  # noqa: E402
+from timelyllm_ros.msg import PlanResult, Task  # noqa: E402
 
 BAG = os.path.join(tempfile.mkdtemp(prefix='fleet_launch_test_'), 'bag')
 TASKS = {
@@ -54,13 +55,28 @@ class TestFleet(unittest.TestCase):
         cls.node.destroy_node()
         rclpy.shutdown()
 
+    def test_the_launch_file_brings_the_planner_to_active(self):
+        client = self.node.create_client(GetState, '/planner/get_state')
+        self.assertTrue(client.wait_for_service(timeout_sec=60.0))
+        deadline = time.monotonic() + 60.0
+        state = None
+        while time.monotonic() < deadline:
+            future = client.call_async(GetState.Request())
+            rclpy.spin_until_future_complete(self.node, future, timeout_sec=5.0)
+            state = future.result().current_state if future.done() else None
+            if state is not None and state.id == State.PRIMARY_STATE_ACTIVE:
+                break
+            time.sleep(0.2)
+        self.assertIsNotNone(state)
+        self.assertEqual(state.label, 'active')
+
     def test_every_robot_gets_and_executes_a_plan(self):
         reports = {}
         for robot in TASKS:
             self.node.create_subscription(
-                String, f'/{robot}/plan_results',
-                lambda msg, robot=robot: reports.setdefault(robot, json.loads(msg.data)), 10)
-        publishers = {r: self.node.create_publisher(String, f'/{r}/task', 10) for r in TASKS}
+                PlanResult, f'/{robot}/plan_results',
+                lambda msg, robot=robot: reports.setdefault(robot, msg), 10)
+        publishers = {r: self.node.create_publisher(Task, f'/{r}/task', 10) for r in TASKS}
         # discovery: the nodes take seconds to start on a busy machine, and a task published
         # before its controller subscribed is lost (volatile QoS)
         deadline = time.monotonic() + 60.0
@@ -69,14 +85,15 @@ class TestFleet(unittest.TestCase):
                 and self.node.count_publishers(f'/{r}/plan_results') > 0 for r in TASKS):
             rclpy.spin_once(self.node, timeout_sec=0.1)
         for robot, task in TASKS.items():
-            publishers[robot].publish(String(data=task))
+            publishers[robot].publish(Task(task=task, task_id=f'{robot}-t0'))
         deadline = time.monotonic() + 120.0  # the arm plan takes ~30 s of simulated motion
         while len(reports) < len(TASKS) and time.monotonic() < deadline:
             rclpy.spin_once(self.node, timeout_sec=0.1)
         self.assertEqual(set(reports), set(TASKS))
         for robot, report in reports.items():
-            self.assertTrue(report['success'], f'{robot}: {report}')
-            self.assertGreater(report['segment_count'], 0)
+            self.assertEqual(report.outcome, PlanResult.SUCCEEDED, f'{robot}: {report}')
+            self.assertEqual(report.task_id, f'{robot}-t0')
+            self.assertGreater(report.segment_count, 0)
 
 
 @launch_testing.post_shutdown_test()
@@ -90,3 +107,5 @@ class TestAfterShutdown(unittest.TestCase):
 
         trace = read_bag(BAG)
         self.assertEqual({s.robot_id for s in trace.segment_done}, set(TASKS))
+        self.assertEqual({(t.robot_id, t.task_id, t.status) for t in trace.tasks},
+                         {(r, f'{r}-t0', 'FINISHED') for r in TASKS})

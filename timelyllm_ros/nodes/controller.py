@@ -1,15 +1,18 @@
 """Robot controller node: one robot, its backend, and a PlanTask client to the planner.
 
-A task arrives on ``task`` (std_msgs/String: the task text, or the JSON task object of
-:func:`convert.task_payload`); the node sends the plan goal, executes the segments in order as
-they stream in (the next one may arrive while one executes), publishes ``segment_done`` and one
-``skill_executions`` record per skill, and on a backend failure aborts: the goal is cancelled
-and the rest of the plan is dropped. Every task ends with one JSON line on ``plan_results``.
+A task arrives on ``task`` (``timelyllm_ros/msg/Task``); the node sends the plan goal on the
+``plan`` action, executes the segments in order as they stream in (the next one may arrive
+while one executes), publishes ``segment_done`` and one ``skill_executions`` record per
+skill, and on a backend failure aborts: the goal is cancelled and the rest of the plan is
+dropped. Every task ends with one ``PlanResult`` on ``plan_results`` (its ``outcome``:
+succeeded, failed, canceled, rejected by the planner, refused by the controller).
 
 A robot executes one plan at a time: a task that arrives while a plan is generated or executed
-waits in a FIFO queue of at most ``max_queued_tasks`` tasks (:class:`_tasks.TaskQueue`) and its
-goal is sent when the tasks before it have ended; a task that finds the queue full is refused
-(a warning and a ``plan_results`` line whose error starts with ``refused:``).
+waits in a queue of at most ``max_queued_tasks`` tasks, urgent ones first and otherwise in
+arrival order (:class:`_tasks.TaskQueue`); a task that finds the queue full is refused.
+Names are relative (the launch file remaps the ``plan`` action, ``segment_done`` and
+``skill_executions`` to the planner's namespace: :func:`fleet_remappings`); stamps come from
+the node clock.
 ``drone_controller`` and ``arm_controller`` are this node with a different default robot kind.
 """
 
@@ -22,21 +25,24 @@ import time
 import rclpy
 from action_msgs.msg import GoalStatus
 from builtin_interfaces.msg import Time
+from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
-from std_msgs.msg import String
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.clock import SystemClock
 from timelyllm_ros.errors import GoalError, TimelyError
-from timelyllm_ros.msg import SegmentDone, SkillExecution, TimeUtility
+from timelyllm_ros.msg import PlanResult, SegmentDone, SkillExecution, Task, TimeUtility
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
-from timelyllm_ros.nodes.action_client import SafeActionClient
+from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, SafeActionClient, reliable
+from timelyllm_ros.nodes.node_clock import NodeClock
+from timelyllm_ros.nodes.parameters import INT, STR, describe, refuse_outside_choices
 from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
-from timelyllm_ros.robots.factory import open_robot
+from timelyllm_ros.robots.factory import BACKENDS, open_robot
+from timelyllm_ros.tuf import TUF_CLASSES
 
 _ENDED = (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
 
@@ -49,32 +55,32 @@ class RobotControllerNode(Node):
 
     def __init__(self, node_name: str, default_kind: str, **node_options: object) -> None:
         super().__init__(node_name, **node_options)
-        self.declare_parameter('robot_id', node_name)
-        self.declare_parameter('robot_kind', default_kind)
-        self.declare_parameter('backend', 'sim')
-        self.declare_parameter('address', '')
-        self.declare_parameter('urgency', 'normal')
-        self.declare_parameter('profiles_dir', '')
-        self.declare_parameter('plan_action', '/plan')
-        self.declare_parameter('max_queued_tasks', 8)
+        self.add_on_set_parameters_callback(refuse_outside_choices(
+            {'backend': BACKENDS, 'urgency': TUF_CLASSES}))
+        for name, default, descriptor in controller_parameters(node_name, default_kind):
+            self.declare_parameter(name, default, descriptor)
         param = self.get_parameter
         self.robot_id = param('robot_id').value
         self.profile = load_profile(param('robot_kind').value,
                                     param('profiles_dir').value or None)
-        self.robot_clock = SystemClock()
+        self.robot_clock = NodeClock(self)
         self.robot = open_robot(self.profile, param('backend').value,
                                 param('address').value or None, self.robot_clock)
         self.backend = self.robot.backend
         self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
-        self.plan_client = SafeActionClient(self, PlanTask, param('plan_action').value,
-                                        callback_group=group)
-        self.done_pub = self.create_publisher(SegmentDone, '/segment_done', 50)
-        self.skills_pub = self.create_publisher(SkillExecution, '/skill_executions', 100)
-        self.result_pub = self.create_publisher(String, 'plan_results', 10)
-        self.create_subscription(String, 'task', self.task_callback, 10, callback_group=group)
-        self.tasks: TaskQueue[convert.TaskRequest] = TaskQueue(
-            int(param('max_queued_tasks').value))
+        self.plan_client = SafeActionClient(self, PlanTask, PLAN_ACTION, callback_group=group)
+        self.done_pub = self.create_publisher(SegmentDone, 'segment_done',
+                                              reliable(ACTION_QUEUE_DEPTH))
+        self.skills_pub = self.create_publisher(SkillExecution, 'skill_executions',
+                                                reliable(ACTION_QUEUE_DEPTH))
+        max_queued = int(param('max_queued_tasks').value)
+        self.result_pub = self.create_publisher(PlanResult, 'plan_results',
+                                                reliable(max_queued + RESULTS_DEPTH_SPARE))
+        self.create_subscription(Task, 'task', self.task_callback,
+                                 reliable(max_queued + RESULTS_DEPTH_SPARE),
+                                 callback_group=group)
+        self.tasks: TaskQueue[convert.TaskRequest] = TaskQueue(max_queued, rank=self._rank)
         self._queued_s = 0.0                # how long the active task waited in the queue
         self._segments: queue.Queue = queue.Queue()
         self._goal_handle = None
@@ -96,16 +102,27 @@ class RobotControllerNode(Node):
         text = request.task if len(request.task) <= 40 else request.task[:37] + '...'
         return f'{request.task_id} ({text!r})' if request.task_id else repr(text)
 
-    def _publish_result(self, report: str) -> None:
-        self.result_pub.publish(String(data=report))
+    def _rank(self, request: convert.TaskRequest) -> int:
+        """Queue rank of a task: urgent tasks wait ahead of the others."""
+        urgency = request.urgency or self.get_parameter('urgency').value
+        return 0 if urgency == 'urgent' else 1
 
-    def task_callback(self, msg: String) -> None:
+    def _publish_result(self, task_id: str, outcome: str, error: str = '',
+                        queued_s: float = 0.0, result=None) -> None:  # type: ignore[no-untyped-def]
+        self.result_pub.publish(convert.plan_result_to_msg(
+            PlanResult, Time, stamp_s=self.robot_clock.now(), robot_id=self.robot_id,
+            robot_kind=self.profile.name, task_id=task_id, outcome=outcome,
+            queued_s=queued_s, error=error, result=result))
+
+    def task_callback(self, msg: Task) -> None:
         """Start, queue or refuse a task (non-blocking: callbacks chain the rest)."""
         try:
-            request = convert.parse_task(msg.data)
+            request = convert.task_from_msg(msg)
         except GoalError as err:
-            self.get_logger().error(f'{self.robot_id}: refused an invalid task message: {err}')
-            self._publish_result(convert.refusal_report(self.robot_id, '', str(err)))
+            task_id = msg.task_id if isinstance(msg.task_id, str) else ''
+            self.get_logger().error(f'{self.robot_id}: refused an invalid task message'
+                                    f'{f" (task {task_id})" if task_id else ""}: {err}')
+            self._publish_result(task_id, 'refused', f'invalid task: {err}')
             return
         admission = self.tasks.offer(request, time.monotonic())
         if admission.outcome == 'refused':
@@ -114,7 +131,7 @@ class RobotControllerNode(Node):
             self.get_logger().warning(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: refused task '
                 f'{self._label(request)}: {reason}')
-            self._publish_result(convert.refusal_report(self.robot_id, request.task_id, reason))
+            self._publish_result(request.task_id, 'refused', reason)
         elif admission.outcome == 'queued':
             self.get_logger().info(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: task '
@@ -169,9 +186,8 @@ class RobotControllerNode(Node):
         request = self.tasks.active
         reason = 'the planner left while the task was active (its action server is gone)'
         self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
-        self._publish_result(convert.failure_report(
-            self.robot_id, request.task_id if request is not None else '',
-            self._queued_s, reason))
+        self._publish_result(request.task_id if request is not None else '', 'failed', reason,
+                             self._queued_s)
         self._next()
 
     def _next(self) -> None:
@@ -189,10 +205,9 @@ class RobotControllerNode(Node):
         request = self.tasks.active
         task_id = request.task_id if request is not None else ''
         if not handle.accepted:
-            self.get_logger().warning(f'{self.robot_id}: the planner rejected task '
-                                      f'{self._label(request)}')
-            self._publish_result(convert.rejection_report(self.robot_id, task_id,
-                                                           self._queued_s))
+            reason = 'the planner rejected the goal (its reason is on plan_rejections)'
+            self.get_logger().warning(f'{self.robot_id}: task {self._label(request)}: {reason}')
+            self._publish_result(task_id, 'rejected', reason, self._queued_s)
             self._next()
             return
         self._goal_handle = handle
@@ -215,11 +230,14 @@ class RobotControllerNode(Node):
             self._planner_left(handle)
             return
         request = self.tasks.active
-        report = convert.result_report(
-            self.robot_id, self.profile.name, future.result().result,
-            request.task_id if request is not None else '', self._queued_s)
-        self.get_logger().info(f'{self.robot_id}: {report}')
-        self._publish_result(report)
+        result = response.result
+        outcome = convert.outcome_of(response.status, result)
+        log = self.get_logger().info if outcome == 'succeeded' else self.get_logger().warning
+        log(f'{self.robot_id}: task {self._label(request)} {outcome}'
+            f'{f": {result.error}" if result.error else ""} ({result.segment_count} segments, '
+            f'response {result.response_time_s:.2f} s, utility {result.utility:.2f})')
+        self._publish_result(request.task_id if request is not None else '', outcome,
+                             queued_s=self._queued_s, result=result)
         self._next()
 
     def _execute_segments(self) -> None:
@@ -228,7 +246,7 @@ class RobotControllerNode(Node):
                 msg = self._segments.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if msg.goal_id == self._aborted_goal:
+            if msg.goal_id == self._aborted_goal or convert.is_plan_end(msg):
                 continue
             try:
                 segment = convert.segment_from_msg(self.profile, msg)
@@ -265,7 +283,55 @@ class RobotControllerNode(Node):
         super().destroy_node()
 
 
+PLAN_ACTION = 'plan'
+"""The controller's (relative) name of the planner's PlanTask action."""
+
+FLEET_NAMES = ('segment_done', 'skill_executions',
+               *(f'{PLAN_ACTION}/_action/{name}' for name in (
+                   'send_goal', 'cancel_goal', 'get_result', 'feedback', 'status')))
+"""A controller's names that belong to its fleet's planner, not to its robot. rcl (Jazzy)
+remaps an action's services and topics one by one, not the action's name: the five names
+the action is made of are listed."""
+
+
+def fleet_remappings(fleet_namespace: str) -> list[tuple[str, str]]:
+    """Remaps that send a controller's fleet names to the planner in ``fleet_namespace``
+    (e.g. ``''`` or ``'/'`` for the root, ``'/fleet_a'``)."""
+    prefix = '/' + fleet_namespace.strip('/')
+    return [(name, f'{prefix.rstrip("/")}/{name}') for name in FLEET_NAMES]
+
+
+RESULTS_DEPTH_SPARE = 16
+"""Depth of the task and result topics beyond ``max_queued_tasks``."""
+
+
+def controller_parameters(node_name: str, default_kind: str
+                          ) -> tuple[tuple[str, object, ParameterDescriptor], ...]:
+    """The controller's parameters, with their ranges; those that need a restart are
+    read-only."""
+    return (
+        ('robot_id', node_name, describe('the robot id goals carry (the planner expects the '
+                                         "controller's namespace)", STR)),
+        ('robot_kind', default_kind, describe('robot profile name (tello, indy7, ...)', STR)),
+        ('backend', 'sim', describe(f'robot backend: {" | ".join(BACKENDS)}', STR)),
+        ('address', '', describe('address of a real robot (empty: the default)', STR)),
+        ('urgency', 'normal', describe(
+            f'TUF class of tasks that name none: {" | ".join(TUF_CLASSES)}', STR,
+            read_only=False)),
+        ('profiles_dir', '', describe('folder of robot profile YAMLs (empty: the bundled '
+                                      'ones)', STR)),
+        ('max_queued_tasks', 8, describe('tasks a busy robot queues before refusing more',
+                                         INT, integer=(0, 4096))),
+    )
+
+
 def run(node_name: str, default_kind: str, args: list[str] | None = None) -> None:
     """Spin a controller node until shutdown."""
     rclpy.init(args=args)
-    spin_until_shutdown(RobotControllerNode(node_name, default_kind))
+    try:
+        node = RobotControllerNode(node_name, default_kind)
+    except (ParameterException, InvalidParameterValueException, TimelyError) as err:
+        rclpy.logging.get_logger(node_name).fatal(f'the controller cannot start: {err}')
+        rclpy.try_shutdown()
+        raise SystemExit(1) from None
+    spin_until_shutdown(node)

@@ -1,18 +1,16 @@
 """Message ⇄ core translations of the ROS layer (no rclpy import: testable without ROS).
 
 Message classes are passed in, so the same helpers serve the generated interfaces and tests.
-Core times are float seconds on the planner's clock; ROS stamps are epoch time, and
-``origin_s`` is the epoch time of the planner clock's zero (``time.time() − clock.now()``).
+Core times are float seconds on the planner's clock; ROS stamps are ROS time, and
+``origin_s`` is the ROS time of the planner clock's zero (0 in the nodes: their core clock
+is the node clock).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
 from timelyllm_ros.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
@@ -24,15 +22,13 @@ from timelyllm_ros.request import Generation, Segment, TaskStatus
 from timelyllm_ros.robots.backend import SkillRecord
 from timelyllm_ros.segmenter import segment_text
 from timelyllm_ros.service import PlanGoal
+from timelyllm_ros.task_record import (
+    STAMP_FIELDS,
+    STAMP_LIST_FIELDS,
+    UNSET_STAMP_SEC,
+    task_record_fields,
+)
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
-
-MAX_TASK_MESSAGE_BYTES = 64 * 1024
-"""Largest ``task`` topic message read (UTF-8 bytes); longer ones are refused unparsed."""
-
-
-MAX_JSON_NUMBER_CHARS = 32
-"""Longest number literal in a JSON task message."""
-
 
 
 def stamp(seconds: float, time_cls: type) -> Any:
@@ -113,11 +109,11 @@ def goal_from_msg(goal: Any) -> PlanGoal:
         robot_id = check_text('robot id', goal.robot_id, MAX_ID_CHARS, empty=True)
         kind = goal.robot_kind
         if isinstance(kind, str) and not kind.strip():
-            raise GoalError(f'{robot_id}: the goal names no robot kind')
+            raise GoalError('the goal names no robot kind')
         try:
             kind = check_profile_name(kind.strip() if isinstance(kind, str) else kind)
         except ProfileError as err:
-            raise GoalError(f'{robot_id}: {err}') from None
+            raise GoalError(str(err)) from None
         task = check_text('task text', goal.task, MAX_TASK_CHARS, empty=True)
         urgency = check_urgency(goal.urgency) or 'normal'
         tuf = tuf_from_msg(goal.tuf) if goal.has_tuf else None
@@ -130,14 +126,49 @@ def goal_from_msg(goal: Any) -> PlanGoal:
         raise GoalError(f'unreadable goal: {type(err).__name__}') from None
 
 
+def clean_segment_text(text: str) -> str:
+    """A segment's text without the separators and blanks around it (the generated text
+    keeps them: a plan is the concatenation of its segments' raw texts)."""
+    return text.strip(SEGMENT_TEXT_TRIM)
+
+
+SEGMENT_TEXT_TRIM = ' \t\r\n;'
+"""What :func:`clean_segment_text` strips: blanks and the ``;`` statement separator."""
+
+
 def segment_to_msg(generation: Generation, segment: Segment, origin_s: float, cls: type,
                    time_cls: type) -> Any:
     """A dispatched core segment → Segment message (feedback and the segments topic)."""
     return cls(robot_id=generation.spec.robot_id, goal_id=generation.task_id,
-               index=segment.index, text=segment.text,
+               index=segment.index, text=clean_segment_text(segment.text),
                skills=[c.skill for c in segment.calls], is_last=segment.is_last,
                generated_stamp=stamp(origin_s + segment.cut_time, time_cls),
                estimated_execution_s=segment.estimated_exec_s)
+
+
+def is_plan_end(msg: Any) -> bool:
+    """Whether a Segment message is the marker closing a plan whose last segment was sent
+    before its generation ended (:func:`timelyllm_ros.service.closing_segment`)."""
+    return bool(msg.is_last) and not msg.text and not list(msg.skills)
+
+
+def task_record_to_msg(generation: Generation, task_id: str, cls: type, tuf_cls: type,
+                       time_cls: type) -> Any:
+    """An ended goal → its LRTrace ``TaskRecord`` (``task_id``: the sender's id, else the
+    planner's); stamps that never happened are LRTrace's unset stamp."""
+    fields = task_record_fields(generation, task_id=task_id or None)
+
+    def record_stamp(seconds_: float) -> Any:
+        if math.isnan(seconds_):
+            return time_cls(sec=UNSET_STAMP_SEC, nanosec=0)
+        return stamp(seconds_, time_cls)
+
+    for name in STAMP_FIELDS:
+        fields[name] = record_stamp(fields[name])
+    for name in STAMP_LIST_FIELDS:
+        fields[name] = [record_stamp(t) for t in fields[name]]
+    fields['tuf'] = tuf_cls(**fields['tuf'])
+    return cls(**fields)
 
 
 def statements_from_text(profile: RobotProfile, text: str) -> tuple[Statement, ...]:
@@ -236,11 +267,8 @@ def result_fields(generation: Generation) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class TaskRequest:
-    """A task as a controller receives it on its ``task`` topic.
+    """A task as a controller receives it on its ``task`` topic (a ``Task`` message).
 
-    The message is either the plain task text, or a JSON object ``{"task": ..., "task_id":
-    ..., "urgency": ..., "tuf": {"ert_s": ..., "alpha": ..., "beta": ...}}`` (what
-    ``lrtrace_replayer`` sends, so that a workload's TUF classes and TUFs reach the planner).
     An empty ``urgency`` means the controller's own ``urgency`` parameter.
     """
 
@@ -250,127 +278,44 @@ class TaskRequest:
     tuf: Tuf | None = None
 
 
-def task_payload(task: str, task_id: str = '', urgency: str = '', tuf: Tuf | None = None) -> str:
-    """The ``task`` topic message of a task with an id, a TUF class and a TUF."""
-    fields: dict[str, Any] = {'task': task}
-    if task_id:
-        fields['task_id'] = task_id
-    if urgency:
-        fields['urgency'] = urgency
-    if tuf is not None:
-        fields['tuf'] = {'ert_s': tuf.ert_s, 'alpha': tuf.alpha, 'beta': tuf.beta}
-    return json.dumps(fields)
+def task_to_msg(request: TaskRequest, cls: type, tuf_cls: type) -> Any:
+    """A task → the ``Task`` message a sender publishes to a robot's ``task`` topic."""
+    msg = cls(task_id=request.task_id, task=request.task, urgency=request.urgency)
+    if request.tuf is not None:
+        msg.has_tuf = True
+        msg.tuf = tuf_to_msg(request.tuf, tuf_cls)
+    return msg
 
 
-class _TufFields(BaseModel):
-    """The ``tuf`` object of a JSON task message: finite numbers (checked again by Tuf)."""
+def task_from_msg(msg: Any) -> TaskRequest:
+    """Read a ``Task`` message, every field checked at the edge.
 
-    model_config = ConfigDict(extra='forbid', strict=True)
-
-    ert_s: float = Field(allow_inf_nan=False)
-    alpha: float = Field(allow_inf_nan=False)
-    beta: float = Field(allow_inf_nan=False)
-
-
-class _TaskFields(BaseModel):
-    """A JSON task message (unknown keys are ignored)."""
-
-    model_config = ConfigDict(extra='ignore', strict=True)
-
-    task: str
-    task_id: str | int = ''
-    urgency: str = ''
-    tuf: _TufFields | None = None
-
-
-def _json_number(kind: type) -> Any:
-    """A ``json.loads`` hook converting number literals of at most MAX_JSON_NUMBER_CHARS."""
-    def convert(literal: str) -> int | float:
-        if len(literal) > MAX_JSON_NUMBER_CHARS:
-            raise GoalError(f'task message holds a number longer than '
-                            f'{MAX_JSON_NUMBER_CHARS} characters ({len(literal)})')
-        return kind(literal)
-
-    return convert
-
-
-def _json_constant(name: str) -> float:
-    raise GoalError(f'task message holds {name}: numbers must be finite')
-
-
-def _load_json(text: str) -> object:
-    """The JSON value of a message, or ``None`` when it is not JSON (plain text).
+    The task text must be non-empty, at most :data:`MAX_TASK_CHARS` characters, with no
+    control character or lone surrogate; the id at most :data:`MAX_ID_CHARS`; the urgency
+    empty or a known TUF class; the TUF (when ``has_tuf``) valid. Reasons quote the offending
+    text cut to about 64 characters.
 
     Raises:
-        GoalError: JSON that nests too deeply, or holds an overlong number or NaN/Infinity.
+        GoalError: any message that cannot be read as a task (TufError for an invalid TUF);
+            nothing else is raised.
     """
     try:
-        return json.loads(text, parse_int=_json_number(int), parse_float=_json_number(float),
-                          parse_constant=_json_constant)
-    except json.JSONDecodeError:
-        return None
-    except RecursionError:
-        raise GoalError('task message nests too deeply') from None
-
-
-def _validation_reason(err: ValidationError) -> str:
-    """A pydantic error as ``field: message`` pairs, never quoting the input."""
-    return '; '.join(
-        f"{'.'.join(str(part) for part in e['loc']) or '<root>'}: {e['msg']}"
-        for e in err.errors(include_input=False, include_url=False)[:3])
-
-
-def parse_task(text: str) -> TaskRequest:
-    """Read a ``task`` topic message: plain text, or the JSON object of :func:`task_payload`.
-
-    The message is bounded (:data:`MAX_TASK_MESSAGE_BYTES`) before it is parsed; JSON numbers
-    are bounded in length and finite; the task text must be non-empty, at most
-    :data:`MAX_TASK_CHARS` characters, with no NUL or lone surrogate; the urgency is empty or
-    a known TUF class. Reasons quote the message cut to about 64 characters.
-
-    Raises:
-        GoalError: any message that cannot be read as a task (TufError for a TUF whose
-            values are finite but invalid); nothing else is raised.
-    """
-    try:
-        return _parse_task(text)
+        tuf = tuf_from_msg(msg.tuf) if msg.has_tuf else None
+        return TaskRequest(task=check_text('task text', msg.task, MAX_TASK_CHARS),
+                           task_id=check_text('task id', msg.task_id, MAX_ID_CHARS,
+                                              empty=True),
+                           urgency=check_urgency(msg.urgency), tuf=tuf)
     except GoalError:
         raise
     except Exception as err:  # noqa: BLE001 -- last resort: every failure is a GoalError
         raise GoalError(f'unreadable task message: {type(err).__name__}') from None
 
 
-def _parse_task(text: str) -> TaskRequest:
-    if not isinstance(text, str):
-        raise GoalError(f'a task message must be text, got {type(text).__name__}')
-    if len(text) > MAX_TASK_MESSAGE_BYTES or len(
-            text.encode('utf-8', 'surrogatepass')) > MAX_TASK_MESSAGE_BYTES:
-        raise GoalError(f'task message larger than {MAX_TASK_MESSAGE_BYTES} bytes')
-    fields = _load_json(text) if text.lstrip().startswith('{') else None
-    if not isinstance(fields, dict):  # plain text (possibly starting with a brace)
-        return TaskRequest(task=check_text('task text', text, MAX_TASK_CHARS))
-    if not isinstance(fields.get('task'), str):
-        raise GoalError(f'task message {clip(text)} has no "task" text')
-    try:
-        parsed = _TaskFields.model_validate(fields)
-    except ValidationError as err:
-        if any(e['loc'][:1] == ('tuf',) for e in err.errors()):
-            raise GoalError(f'task message {clip(text)}: bad "tuf": '
-                            f'{_validation_reason(err)}') from None
-        raise GoalError(f'task message {clip(text)}: {_validation_reason(err)}') from None
-    tuf = None
-    if parsed.tuf is not None:
-        tuf = Tuf(beta=parsed.tuf.beta, ert_s=parsed.tuf.ert_s, alpha=parsed.tuf.alpha)
-    return TaskRequest(task=check_text('task text', parsed.task, MAX_TASK_CHARS),
-                       task_id=check_text('task id', str(parsed.task_id), MAX_ID_CHARS,
-                                          empty=True),
-                       urgency=check_urgency(parsed.urgency), tuf=tuf)
-
-
 def goal_to_msg(robot_id: str, robot_kind: str, request: TaskRequest, default_urgency: str,
                 cls: type, tuf_cls: type) -> Any:
     """A received task → the PlanTask goal a controller sends (waiting for execution)."""
-    goal = cls(robot_id=robot_id, robot_kind=robot_kind, task=request.task,
+    goal = cls(robot_id=robot_id, task_id=request.task_id, robot_kind=robot_kind,
+               task=request.task,
                urgency=request.urgency or default_urgency, wait_for_execution=True)
     if request.tuf is not None:
         goal.has_tuf = True
@@ -378,54 +323,57 @@ def goal_to_msg(robot_id: str, robot_kind: str, request: TaskRequest, default_ur
     return goal
 
 
-def _extras(task_id: str, queued_s: float | None) -> dict[str, Any]:
-    extras: dict[str, Any] = {}
-    if task_id:
-        extras['task_id'] = task_id
-    if queued_s is not None:
-        extras['queued_s'] = float(queued_s)
-    return extras
+Outcome = str
+"""How a task ended: one of ``PlanResult``'s constants (succeeded, failed, canceled,
+rejected, refused)."""
+
+REJECTED_PREFIX = 'rejected: '
+"""Start of a PlanTask result's error when the planner refused the goal before planning
+it (accept-then-abort: the action client learns why from the result)."""
 
 
-def result_report(robot_id: str, robot_kind: str, result: Any, task_id: str = '',
-                  queued_s: float | None = None) -> str:
-    """A PlanTask result as the JSON line controllers publish on ``plan_results``, with the
-    plan the LLM wrote (``task_id`` and ``queued_s``, the time the task waited in the
-    controller's queue, are added when given)."""
-    return json.dumps({
-        'robot_id': robot_id, 'robot_kind': robot_kind, 'success': bool(result.success),
-        'error': result.error, 'plan': str(getattr(result, 'plan', '')),
-        'segment_count': int(result.segment_count),
-        'response_time_s': float(result.response_time_s),
-        'waiting_time_s': float(result.waiting_time_s), 'utility': float(result.utility),
-        **_extras(task_id, queued_s)})
+def outcome_of(status: int, result: Any) -> Outcome:
+    """The outcome of a PlanTask goal from its final status (``action_msgs/GoalStatus``
+    value: 4 succeeded, 5 canceled, 6 aborted) and result."""
+    if result.success:
+        return 'succeeded'
+    if str(result.error).startswith(REJECTED_PREFIX):
+        return 'rejected'
+    return 'canceled' if status == 5 else 'failed'
 
 
-def rejection_report(robot_id: str, task_id: str = '', queued_s: float | None = None,
-                     reason: str = '') -> str:
-    """The ``plan_results`` line of a goal the planner rejected (or could not be sent)."""
-    return json.dumps({'robot_id': robot_id, 'success': False,
-                       'error': f'rejected: {reason}' if reason else 'rejected',
-                       **_extras(task_id, queued_s)})
+def plan_result_to_msg(cls: type, time_cls: type, *, stamp_s: float, robot_id: str,
+                       robot_kind: str, task_id: str, outcome: Outcome, queued_s: float = 0.0,
+                       error: str = '', result: Any = None) -> Any:
+    """The ``PlanResult`` a controller publishes when a task ends: from the goal's PlanTask
+    ``result`` when there is one, else from ``error`` alone (refused, or the planner left)."""
+    msg = cls(stamp=stamp(stamp_s, time_cls), robot_id=robot_id, robot_kind=robot_kind,
+              task_id=task_id, outcome=outcome, success=outcome == 'succeeded', error=error,
+              response_time_s=-1.0, waiting_time_s=-1.0, utility=0.0,
+              queued_s=float(queued_s))
+    if result is not None:
+        msg.error = error or str(result.error)
+        msg.plan = str(result.plan)
+        msg.segment_count = int(result.segment_count)
+        msg.response_time_s = float(result.response_time_s)
+        msg.waiting_time_s = float(result.waiting_time_s)
+        msg.utility = float(result.utility)
+    return msg
 
 
-def failure_report(robot_id: str, task_id: str, queued_s: float | None, reason: str) -> str:
-    """The ``plan_results`` line of a task that ended without a PlanTask result (its planner
-    left while serving it)."""
-    return json.dumps({'robot_id': robot_id, 'success': False, 'error': reason,
-                       **_extras(task_id, queued_s)})
+PLAN_RESULT_FIELDS = ('robot_id', 'robot_kind', 'task_id', 'outcome', 'success', 'error',
+                      'plan', 'segment_count', 'response_time_s', 'waiting_time_s', 'utility',
+                      'queued_s')
 
 
-def refusal_report(robot_id: str, task_id: str, reason: str) -> str:
-    """The ``plan_results`` line of a task the controller refused (its queue was full, or the
-    task message was invalid); ``error`` starts with ``refused:``."""
-    return json.dumps({'robot_id': robot_id, 'success': False, 'error': f'refused: {reason}',
-                       **_extras(task_id, None)})
+def plan_result_fields(msg: Any) -> dict[str, Any]:
+    """A ``PlanResult`` message as a plain dict (stamp left out), for summaries and JSON."""
+    return {name: getattr(msg, name) for name in PLAN_RESULT_FIELDS}
 
 
-def parse_report(text: str) -> dict[str, Any]:
-    """Read a ``plan_results`` line back (raises ValueError on anything else)."""
-    report = json.loads(text)
-    if not isinstance(report, dict) or 'robot_id' not in report or 'success' not in report:
-        raise ValueError(f'not a plan result report: {text!r}')
-    return report
+def rejection_to_msg(cls: type, time_cls: type, stamp_s: float, robot_id: object,
+                     task_id: object, reason: str) -> Any:
+    """The ``PlanRejection`` of a refused goal (ids that are not text are sent empty)."""
+    return cls(stamp=stamp(stamp_s, time_cls),
+               robot_id=robot_id if isinstance(robot_id, str) else '',
+               task_id=task_id if isinstance(task_id, str) else '', reason=reason)

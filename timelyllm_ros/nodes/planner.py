@@ -1,10 +1,13 @@
 """planner node: the PlanTask action server over one scheduler + engine (PlannerService).
 
-Goals are validated at goal time (bad ones are rejected, the reason logged and published on
-``plan_rejections``); each accepted goal streams its segments as feedback the moment they are
-cut (and on ``segments``); ``segment_done`` reports from robots correct the completion
-estimates; a cancel drops the generation and frees its memory; ``scheduler_state`` is
-published for observability.
+A lifecycle node (see :class:`PlannerNode`). Every goal is accepted; one that cannot be
+served is aborted at once with ``rejected: <reason>`` in its result (``ros2 action send_goal``
+prints it) and a ``PlanRejection`` on ``plan_rejections``. Each served goal streams its
+segments as feedback the moment they are cut (and on ``segments``); ``segment_done`` reports
+from robots correct the completion estimates; a cancel drops the generation and frees its
+memory; an ended goal's ``TaskRecord`` goes to ``task_records`` (LRTrace); ``scheduler_state``
+is published for observability. Names are relative: a namespaced planner serves its
+namespace's fleet. Times are the node clock's (``use_sim_time`` works).
 """
 
 from __future__ import annotations
@@ -12,134 +15,252 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 import rclpy
 from builtin_interfaces.msg import Time
-from rcl_interfaces.msg import (
-    FloatingPointRange,
-    IntegerRange,
-    ParameterDescriptor,
-    ParameterType,
-)
-from rclpy.action import ActionServer, CancelResponse, GoalResponse
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.action import ActionServer, CancelResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
-from rclpy.node import Node
-from std_msgs.msg import String
+from rclpy.exceptions import InvalidParameterValueException, ParameterException
+from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
+from rclpy.qos import qos_profile_sensor_data
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines import ENGINES, parse_engine_options
 from timelyllm_ros.errors import TimelyError
-from timelyllm_ros.msg import SchedulerState, Segment, SegmentDone
+from timelyllm_ros.msg import (
+    PlanRejection,
+    SchedulerState,
+    Segment,
+    SegmentDone,
+    TaskRecord,
+    TimeUtility,
+)
 from timelyllm_ros.nodes import convert
-from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, action_qos
+from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, action_qos, reliable
+from timelyllm_ros.nodes.node_clock import NodeClock
+from timelyllm_ros.nodes.parameters import (
+    BOOL,
+    FLOAT,
+    INT,
+    STR,
+    describe,
+    refuse_outside_choices,
+)
 from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.service import PlannerService
 
 
-class PlannerNode(Node):
-    """Wires the PlanTask action, topics and parameters to a PlannerService."""
+class PlannerNode(LifecycleNode):
+    """Wires the PlanTask action, topics and parameters to a PlannerService.
+
+    A managed (lifecycle) node: *configure* builds the engine and loads the model, *activate*
+    starts the scheduler loop and offers the ``plan`` action, *deactivate* stops accepting
+    goals and drains or aborts the active ones (``deactivate_mode``) before the action server
+    goes away, *cleanup* frees the engine and the model. Readiness is the lifecycle state
+    (``ros2 lifecycle get /planner``, ``planner/transition_event``) and ``scheduler_state``'s
+    status.
+    """
 
     def __init__(self, **node_options: object) -> None:
         super().__init__('planner', **node_options)
+        self.add_on_set_parameters_callback(_refuse_bad_parameters)
         for name, default, descriptor in PARAMETERS:
             self.declare_parameter(name, default, descriptor)
-        param = self.get_parameter
-        self.service = PlannerService.create(
-            policy=param('policy').value, engine=param('engine').value,
-            model=param('model').value or None,
-            engine_options=parse_engine_options(
-                param('engine_options').value.replace(',', ' ').split()),
-            calibration=param('calibration').value or None,
-            max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
-            profiles_dir=param('profiles_dir').value or None, grammar=param('grammar').value)
-        self.origin_s = time.time() - self.service.now()
-        group = ReentrantCallbackGroup()
-        self.segments_pub = self.create_publisher(Segment, 'segments', 50)
-        self.state_pub = self.create_publisher(SchedulerState, 'scheduler_state', 10)
-        self.rejections_pub = self.create_publisher(String, 'plan_rejections', 10)
-        self.create_subscription(SegmentDone, 'segment_done', self.segment_done_callback,
-                                 ACTION_QUEUE_DEPTH,
-                                 callback_group=group)
-        self.create_timer(param('state_period_s').value, self.publish_state,
-                          callback_group=group)
-        self.action_server = ActionServer(
-            self, PlanTask, 'plan', execute_callback=self.execute_callback,
-            goal_callback=self.goal_callback, cancel_callback=self.cancel_callback,
-            callback_group=group, **action_server_qos())
+        self.service: PlannerService | None = None
+        self.action_server: ActionServer | None = None
+        self._group = ReentrantCallbackGroup()
+        self._interfaces: list[tuple[Callable[[Any], object], Any]] = []  # (destroy, entity)
         self._reported_failure = False
         self._tasks: dict[bytes, str] = {}     # goal id -> task id (for cancels)
         self._robots: dict[str, str] = {}      # active task id -> its robot id
         self._controllers_seen: set[str] = set()   # robots whose controller node was up
-        self.create_timer(CONTROLLER_WATCH_S, self.watch_controllers, callback_group=group)
         self._active = 0                      # accepted goals not ended (threads held)
         self._active_lock = threading.Lock()
-        self.service.start()
-        self.get_logger().info(
-            f"planner ready: engine {param('engine').value}, policy {param('policy').value}")
+        self._accepting = False
 
-    def goal_callback(self, goal: PlanTask.Goal) -> GoalResponse:
-        """Reject bad goals now, and goals beyond :data:`MAX_ACTIVE_GOALS`, with the reason
-        logged and published."""
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_configure(self, state: State) -> TransitionCallbackReturn:
+        """Build the engine and load the model; a bad engine, model, option or policy fails
+        the transition with the reason (the node stays unconfigured)."""
+        param = self.get_parameter
         try:
-            self.service.make_spec(convert.goal_from_msg(goal))
-            with self._active_lock:
-                if self._active >= MAX_ACTIVE_GOALS:
-                    raise TimelyError(f'the planner serves {MAX_ACTIVE_GOALS} goals at once; '
-                                      'send it again when one has ended')
-                self._active += 1
+            self.service = PlannerService.create(
+                policy=param('policy').value, engine=param('engine').value,
+                model=param('model').value or None,
+                engine_options=parse_engine_options(
+                    param('engine_options').value.replace(',', ' ').split()),
+                calibration=param('calibration').value or None,
+                max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
+                profiles_dir=param('profiles_dir').value or None,
+                grammar=param('grammar').value, clock=NodeClock(self))
         except TimelyError as err:
-            reason = f'{goal.robot_id}: rejected: {err}'
-            self.get_logger().warning(reason)
-            self.rejections_pub.publish(String(data=reason))
-            return GoalResponse.REJECT
-        return GoalResponse.ACCEPT
+            self.get_logger().fatal(f'the planner cannot be configured: {err}')
+            return TransitionCallbackReturn.FAILURE
+        group = self._group
+        fleet_depth = ACTION_QUEUE_DEPTH
+        self.segments_pub = self.create_publisher(Segment, 'segments', reliable(fleet_depth))
+        self.records_pub = self.create_publisher(TaskRecord, 'task_records',
+                                                 reliable(fleet_depth))
+        self.rejections_pub = self.create_publisher(PlanRejection, 'plan_rejections',
+                                                    reliable(fleet_depth))
+        self.state_pub = self.create_publisher(SchedulerState, 'scheduler_state',
+                                               qos_profile_sensor_data)
+        self._interfaces = [
+            *((self.destroy_publisher, pub) for pub in (
+                self.segments_pub, self.records_pub, self.rejections_pub, self.state_pub)),
+            (self.destroy_subscription, self.create_subscription(
+                SegmentDone, 'segment_done', self.segment_done_callback, reliable(fleet_depth),
+                callback_group=group)),
+            (self.destroy_timer, self.create_timer(
+                param('state_period_s').value, self.publish_state, callback_group=group)),
+            (self.destroy_timer, self.create_timer(
+                CONTROLLER_WATCH_S, self.watch_controllers, callback_group=group))]
+        self.get_logger().info(f"planner configured: engine {param('engine').value}, "
+                               f"policy {param('policy').value}")
+        return TransitionCallbackReturn.SUCCESS
 
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        """Start the scheduler loop and offer the ``plan`` action."""
+        assert self.service is not None
+        self.service.start()
+        self._accepting = True
+        self.action_server = ActionServer(
+            self, PlanTask, 'plan', execute_callback=self.execute_callback,
+            cancel_callback=self.cancel_callback, callback_group=self._group,
+            **action_server_qos())
+        self.get_logger().info('planner active: serving plan goals')
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
+        """Stop accepting goals; drain the active ones (or abort them, ``deactivate_mode``),
+        then withdraw the action server."""
+        self._accepting = False
+        self._end_active_goals(self.get_parameter('deactivate_mode').value,
+                               self.get_parameter('drain_timeout_s').value)
+        time.sleep(RESULT_FLUSH_S)
+        if self.action_server is not None:
+            self.action_server.destroy()
+            self.action_server = None
+        self.get_logger().info('planner inactive: not accepting goals')
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: State) -> TransitionCallbackReturn:
+        """Free the engine and the model."""
+        self._release()
+        self.get_logger().info('planner cleaned up: engine and model freed')
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: State) -> TransitionCallbackReturn:
+        self._accepting = False
+        if self.action_server is not None:
+            self._end_active_goals('abort', 0.0)
+            self.action_server.destroy()
+            self.action_server = None
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        for destroy, entity in self._interfaces:
+            destroy(entity)
+        self._interfaces = []
+        if self.service is not None:
+            self.service.stop()
+            self.service.scheduler.engine.close()
+            self.service = None
+
+    def _end_active_goals(self, mode: str, timeout_s: float) -> None:
+        """Wait for the active goals to end (``drain``), failing those still active after
+        ``timeout_s``; or fail them at once (``abort``). Each ends with the reason."""
+        if mode == 'drain':
+            self._wait_goals_ended(timeout_s)
+        if self._active and self.service is not None:
+            reason = 'the planner was deactivated while the goal was active'
+            self.get_logger().warning(f'{self._active} active goals: {reason}')
+            for task_id in list(self._robots):
+                self.service.fail(task_id, reason)
+            self._wait_goals_ended(ABORT_WAIT_S)
+
+    # -- the action --------------------------------------------------------------------------
     def cancel_callback(self, goal_handle) -> CancelResponse:  # type: ignore[no-untyped-def]
         """A cancel reaches the service at once; the goal ends canceled through it."""
         task_id = self._tasks.get(bytes(goal_handle.goal_id.uuid))
-        if task_id is not None:
+        if task_id is not None and self.service is not None:
             self.service.cancel(task_id)
         return CancelResponse.ACCEPT
 
     def execute_callback(self, goal_handle):  # type: ignore[no-untyped-def]
         """Stream the goal's segments as feedback until it ends.
 
+        Every goal is accepted; one that cannot be served (invalid, beyond
+        :data:`MAX_ACTIVE_GOALS`, planner not active) is aborted at once with ``rejected:
+        <reason>`` as its result's error, so that any action client learns why, and the
+        reason is published on ``plan_rejections``.
+
         The goal's thread sleeps on a condition between the service's events (no polling).
         A thread per active goal, not a coroutine: rclpy's executor (Jazzy) re-polls every
         pending coroutine on each wake-up, which measured 12 s to answer a burst of 200
         goals and lost half of them to report deadlines, against 1 s and none this way.
         """
+        with self._active_lock:
+            full = self._active >= MAX_ACTIVE_GOALS
+            if not full:
+                self._active += 1
+        if full:
+            return self._reject(goal_handle, f'the planner serves {MAX_ACTIVE_GOALS} goals at '
+                                             'once; send it again when one has ended')
         events = _GoalEvents()
         key = bytes(goal_handle.goal_id.uuid)
         try:
+            service = self.service
             try:
-                task_id = self.service.submit(
+                if not self._accepting or service is None:
+                    raise TimelyError('the planner is not active')
+                task_id = service.submit(
                     convert.goal_from_msg(goal_handle.request),
                     on_segment=lambda g, s: events.put(('segment', g, s)),
                     on_end=lambda g: events.put(('end', g, None)))
             except TimelyError as err:
-                goal_handle.abort()
-                return PlanTask.Result(success=False, error=str(err))
+                return self._reject(goal_handle, str(err))
             self._tasks[key] = task_id
             self._robots[task_id] = goal_handle.request.robot_id
             if goal_handle.is_cancel_requested:       # canceled before it was submitted
-                self.service.cancel(task_id)
+                service.cancel(task_id)
             return self._stream(goal_handle, task_id, events)
         finally:
             self._robots.pop(self._tasks.pop(key, ''), None)
             with self._active_lock:
                 self._active -= 1
 
+    def _reject(self, goal_handle, reason: str) -> PlanTask.Result:  # type: ignore[no-untyped-def]
+        goal = goal_handle.request
+        self.get_logger().warning(f'{goal.robot_id}: goal rejected'
+                                  f'{f" (task {goal.task_id})" if goal.task_id else ""}: '
+                                  f'{reason}')
+        if self._interfaces:
+            self.rejections_pub.publish(convert.rejection_to_msg(
+                PlanRejection, Time, self._now(), goal.robot_id, goal.task_id, reason))
+        goal_handle.abort()
+        return PlanTask.Result(success=False, error=convert.REJECTED_PREFIX + reason,
+                               response_time_s=-1.0, waiting_time_s=-1.0)
+
+    def _now(self) -> float:
+        return float(self.get_clock().now().nanoseconds) * 1e-9
+
     def _stream(self, goal_handle, task_id: str,  # type: ignore[no-untyped-def]
                 events: _GoalEvents) -> PlanTask.Result:
         while True:
             kind, generation, segment = events.get()
             if kind == 'segment':
-                msg = convert.segment_to_msg(generation, segment, self.origin_s, Segment, Time)
+                msg = convert.segment_to_msg(generation, segment, 0.0, Segment, Time)
                 self.segments_pub.publish(msg)
                 goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
                 continue
             result = PlanTask.Result(**convert.result_fields(generation))
+            self.records_pub.publish(convert.task_record_to_msg(
+                generation, goal_handle.request.task_id, TaskRecord, TimeUtility, Time))
             if not result.success:
                 self.get_logger().warning(
                     f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
@@ -154,36 +275,53 @@ class PlannerNode(Node):
     def watch_controllers(self) -> None:
         """Fail the goals of a robot whose controller node was up and has left the graph
         (killed, crashed): nobody will execute or report their segments."""
-        present = {namespace.strip('/') for name, namespace in
+        present = {namespace.rsplit('/', 1)[-1] for name, namespace in
                    self.get_node_names_and_namespaces() if name == 'controller'}
         self._controllers_seen |= present
         for task_id, robot_id in list(self._robots.items()):
             if robot_id in self._controllers_seen and robot_id not in present:
                 self.get_logger().warning(f'goal {task_id}: the controller of {robot_id} is '
                                           'gone; the goal is failed')
-                self.service.fail(task_id, f'the controller of {robot_id} left the ROS graph')
+                if self.service is not None:
+                    self.service.fail(task_id,
+                                      f'the controller of {robot_id} left the ROS graph')
         self._controllers_seen &= present | set(self._robots.values())
 
     def segment_done_callback(self, msg: SegmentDone) -> None:
-        task_id, index, start, end, success, error = convert.segment_done_from_msg(
-            msg, self.origin_s)
+        if self.service is None:
+            return
+        task_id, index, start, end, success, error = convert.segment_done_from_msg(msg, 0.0)
         self.service.report_segment(task_id, index, start, end, success, error)
 
     def publish_state(self) -> None:
+        if self.service is None:
+            return
         state = self.service.state()
         if state.status == 'failed' and not self._reported_failure:
             self._reported_failure = True
             self.get_logger().error(f'planner service failed, refusing goals: {state.error}')
         self.state_pub.publish(SchedulerState(
-            stamp=convert.stamp(self.origin_s + state.time, Time), queued=state.queued,
+            stamp=convert.stamp(self._now(), Time), queued=state.queued,
             running=state.running, batch_size=state.last_batch_size,
-            executing=state.executing, active_goals=self._active, status=state.status,
-            error=state.error,
+            executing=state.executing, active_goals=self._active,
+            status=state.status if self._accepting else 'inactive', error=state.error,
             goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
 
     def destroy_node(self) -> None:
-        self.service.stop()
+        """End every active goal (the service fails them: "the planner service stopped") and
+        let their callbacks return before the node's handles go."""
+        self._accepting = False
+        if self.service is not None:
+            self.service.stop()
+            self._wait_goals_ended(ABORT_WAIT_S)
+            self.service.scheduler.engine.close()
+            self.service = None
         super().destroy_node()
+
+    def _wait_goals_ended(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def action_server_qos() -> dict[str, object]:
@@ -212,49 +350,53 @@ class _GoalEvents:
             return self._events.popleft()
 
 
-def _descriptor(description: str, kind: int, read_only: bool = True,
-                integer: tuple[int, int] | None = None,
-                floating: tuple[float, float] | None = None) -> ParameterDescriptor:
-    descriptor = ParameterDescriptor(description=description, type=kind, read_only=read_only)
-    if integer is not None:
-        descriptor.integer_range = [IntegerRange(from_value=integer[0], to_value=integer[1],
-                                                 step=1)]
-    if floating is not None:
-        descriptor.floating_point_range = [FloatingPointRange(
-            from_value=floating[0], to_value=floating[1], step=0.0)]
-    return descriptor
-
-
-_STR, _INT, _FLOAT, _BOOL = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_INTEGER,
-                             ParameterType.PARAMETER_DOUBLE, ParameterType.PARAMETER_BOOL)
 PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
-    ('engine', 'sim', _descriptor(f'LLM engine: {" | ".join(ENGINES)} (sim: the calibrated '
-                                  f'simulator)', _STR)),
-    ('model', '', _descriptor('model of a real engine (cpu: smollm2, gemma3-270m or a .gguf '
-                              'path; transformers/vllm: a local model folder)', _STR)),
-    ('engine_options', '', _descriptor(
+    ('engine', 'sim', describe(f'LLM engine: {" | ".join(ENGINES)} (sim: the calibrated '
+                                  f'simulator)', STR)),
+    ('model', '', describe('model of a real engine (cpu: smollm2, gemma3-270m or a .gguf '
+                              'path; transformers/vllm: a local model folder)', STR)),
+    ('engine_options', '', describe(
         "the engine's own options, KEY=VALUE separated by spaces or commas (e.g. 'threads=2 "
         "kv_tokens=8192'); an option the engine does not take stops the planner with the "
-        'reason', _STR)),
-    ('grammar', True, _descriptor(
+        'reason', STR)),
+    ('grammar', True, describe(
         "constrain robot plans to their profile's grammar on a real engine, so that every "
         'plan parses and stays within the robot limits (false: free generation, for '
-        'comparison)', _BOOL)),
-    ('calibration', '', _descriptor('latency calibration of the simulator (name or YAML '
-                                    'path; empty: the bundled default)', _STR)),
-    ('policy', 'timelyllm', _descriptor('scheduling policy (timelyllm, vllm, seg-edf, '
-                                        'semantic, autellix-plas, timebill, slice, ...)', _STR)),
-    ('max_batch', 0, _descriptor('fixed batch cap (0: the engine limit)', _INT,
+        'comparison)', BOOL)),
+    ('calibration', '', describe('latency calibration of the simulator (name or YAML '
+                                    'path; empty: the bundled default)', STR)),
+    ('policy', 'timelyllm', describe('scheduling policy (timelyllm, vllm, seg-edf, '
+                                        'semantic, autellix-plas, timebill, slice, ...)', STR)),
+    ('max_batch', 0, describe('fixed batch cap (0: the engine limit)', INT,
                                  integer=(0, 4096))),
-    ('comm_s', 0.008, _descriptor('one-way network latency to the robots (s)', _FLOAT,
+    ('comm_s', 0.008, describe('one-way network latency to the robots (s)', FLOAT,
                                   floating=(0.0, 10.0))),
-    ('profiles_dir', '', _descriptor('folder of robot profile YAMLs (empty: the bundled ones)',
-                                     _STR)),
-    ('state_period_s', 0.2, _descriptor('period of scheduler_state (s)', _FLOAT,
+    ('profiles_dir', '', describe('folder of robot profile YAMLs (empty: the bundled ones)',
+                                     STR)),
+    ('state_period_s', 0.2, describe('period of scheduler_state (s)', FLOAT,
                                         floating=(0.01, 60.0))),
+    ('deactivate_mode', 'drain', describe(
+        'what deactivate does with active goals: drain (wait for them to end, at most '
+        'drain_timeout_s, then abort the rest) | abort (end them at once, with the reason)',
+        STR, read_only=False)),
+    ('drain_timeout_s', 30.0, describe('longest wait for active goals when deactivating '
+                                          '(s)', FLOAT, read_only=False,
+                                          floating=(0.0, 3600.0))),
+    ('autostart', False, describe('configure and activate at start (without a launch '
+                                     'file or lifecycle manager driving the node)', BOOL)),
 )
-"""The planner's parameters: each needs a restart to change (read-only), with its range."""
+"""The planner's parameters, with their ranges; those that need a restart are read-only."""
 
+_refuse_bad_parameters = refuse_outside_choices({'engine': ENGINES,
+                                                 'deactivate_mode': ('drain', 'abort')})
+
+
+RESULT_FLUSH_S = 0.5
+"""Time left to rclpy, once the last goal's execute callback returned, to answer its result
+requests before the action server is destroyed (s)."""
+
+ABORT_WAIT_S = 5.0
+"""Longest wait for aborted goals to end when deactivating (s)."""
 
 CONTROLLER_WATCH_S = 1.0
 """How often the planner looks for controllers that left the ROS graph (s)."""
@@ -270,10 +412,17 @@ the short callbacks (goal checks, reports, cancels, timers). Threads start on de
 
 def main(args: list[str] | None = None) -> None:
     rclpy.init(args=args)
+    logger = rclpy.logging.get_logger('planner')
     try:
         node = PlannerNode()
-    except TimelyError as err:   # a bad engine, model, option or policy: say why, no traceback
-        rclpy.logging.get_logger('planner').fatal(f'the planner cannot start: {err}')
+    except (ParameterException, InvalidParameterValueException) as err:   # say why, no trace
+        logger.fatal(f'the planner cannot start: {err}')
         rclpy.try_shutdown()
         raise SystemExit(1) from None
+    if node.get_parameter('autostart').value:
+        if node.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+            node.destroy_node()
+            rclpy.try_shutdown()
+            raise SystemExit(1)
+        node.trigger_activate()
     spin_until_shutdown(node, num_threads=EXECUTOR_THREADS)

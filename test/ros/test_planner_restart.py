@@ -1,0 +1,149 @@
+"""rclpy test of a planner killed and restarted under a running fleet.
+
+The planner runs as its own process (``ros2 run timelyllm_ros planner``, autostart), the
+controllers in this one. The planner is killed (SIGKILL) while every robot executes a plan and
+has more tasks queued: each active task must be reported failed with the reason, the queued
+ones must wait and be served by the restarted planner, and the fleet must serve new tasks.
+
+Needs a ROS 2 workspace where this package was built and installed with ``colcon build`` and
+its ``install/setup.bash`` sourced (``ros2 run`` starts the planner); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run inside a ROS 2 workspace')
+pytest.importorskip('timelyllm_ros.msg',
+                    reason='interfaces not generated: colcon build this package first')
+
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from timelyllm_ros.msg import PlanResult, Segment, Task  # noqa: E402
+
+from timelyllm_ros.nodes import convert  # noqa: E402
+from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
+from timelyllm_ros.traces import load_trace_set  # noqa: E402
+
+pytestmark = pytest.mark.ros
+FLEET = '/restart'
+ROBOTS = ['restart_drone_0', 'restart_drone_1']
+TASKS_PER_ROBOT = 3
+
+
+def _planner_process() -> subprocess.Popen:
+    if shutil.which('ros2') is None:
+        pytest.skip('ros2 is not on PATH: source the workspace (install/setup.bash)')
+    return subprocess.Popen(
+        ['ros2', 'run', 'timelyllm_ros', 'planner', '--ros-args', '-r', f'__ns:={FLEET}',
+         '-p', 'autostart:=true'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def until(condition, timeout_s: float, what: object) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f'timed out waiting for {what}'
+        time.sleep(0.05)
+
+
+def outcomes(results: list) -> list[tuple[str, str]]:
+    return [(r.task_id, r.outcome) for r in list(results)]
+
+
+@pytest.fixture
+def fleet():
+    initialized = not rclpy.ok()
+    if initialized:
+        rclpy.init()
+    remaps = ['--ros-args', *(arg for name, target in fleet_remappings(FLEET)
+                              for arg in ('-r', f'{name}:={target}'))]
+    controllers = [RobotControllerNode(
+        'controller', 'tello', namespace=f'{FLEET}/{robot}', cli_args=remaps,
+        parameter_overrides=[Parameter('robot_id', value=robot),
+                             Parameter('max_queued_tasks', value=8)]) for robot in ROBOTS]
+    probe = rclpy.create_node('restart_probe')
+    results: list = []
+    segments: list = []
+    lock = threading.Lock()
+
+    def keep(store: list):
+        def callback(msg) -> None:
+            with lock:
+                store.append(msg)
+        return callback
+
+    for robot in ROBOTS:
+        probe.create_subscription(PlanResult, f'{FLEET}/{robot}/plan_results', keep(results), 50)
+    probe.create_subscription(Segment, f'{FLEET}/segments', keep(segments), 100)
+    publishers = {robot: probe.create_publisher(Task, f'{FLEET}/{robot}/task', 50)
+                  for robot in ROBOTS}
+    executor = MultiThreadedExecutor(num_threads=16)
+    for node in (*controllers, probe):
+        executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    processes: list[subprocess.Popen] = []
+    try:
+        yield controllers, publishers, results, segments, lock, processes
+    finally:
+        for process in processes:
+            _kill(process)
+        executor.shutdown()
+        for node in (*controllers, probe):
+            node.destroy_node()
+        if initialized:
+            rclpy.try_shutdown()
+
+
+def test_a_planner_killed_under_a_running_fleet_is_survived(fleet):
+    controllers, publishers, results, segments, lock, processes = fleet
+    book = load_trace_set().get(3).task          # mu(50);?iv('book')==True{tp()}: ~2.6 s
+    processes.append(_planner_process())
+    until(lambda: all(c.plan_client.server_is_ready() for c in controllers), 60.0,
+          'the planner to be active')
+    until(lambda: all(p.get_subscription_count() > 0 for p in publishers.values()), 10.0,
+          'the controllers')
+    for robot, publisher in publishers.items():
+        for n in range(TASKS_PER_ROBOT):
+            publisher.publish(convert.task_to_msg(convert.TaskRequest(book, f'{robot}-{n}'),
+                                                  Task, None))
+    # the planner dies while every robot executes the first segment of its first plan
+    until(lambda: {s.robot_id for s in list(segments)} >= set(ROBOTS), 60.0,
+          'a segment for every robot')
+    _kill(processes.pop())
+    until(lambda: sum(r.outcome == 'failed' for r in list(results)) >= len(ROBOTS), 60.0,
+          ('the active tasks to be reported failed', outcomes(results)))
+    processes.append(_planner_process())
+    expected = {f'{robot}-{n}' for robot in ROBOTS for n in range(TASKS_PER_ROBOT)}
+    until(lambda: {r.task_id for r in list(results)} >= expected, 120.0,
+          ('every task to be reported', outcomes(results)))
+    with lock:
+        by_task = {}
+        for result in results:
+            assert result.task_id not in by_task, f'{result.task_id} reported twice'
+            by_task[result.task_id] = result
+    for robot in ROBOTS:
+        first = by_task[f'{robot}-0']
+        assert first.outcome == 'failed' and 'planner left' in first.error, first
+        for n in range(1, TASKS_PER_ROBOT):             # waited, then served by the new one
+            assert by_task[f'{robot}-{n}'].outcome == 'succeeded', by_task[f'{robot}-{n}']
+    # and the fleet serves new tasks
+    for robot, publisher in publishers.items():
+        publisher.publish(convert.task_to_msg(convert.TaskRequest(book, f'{robot}-after'),
+                                              Task, None))
+    until(lambda: {r.task_id for r in list(results)} >= {f'{r}-after' for r in ROBOTS}, 60.0,
+          'the tasks sent after the restart')
+    assert all(r.outcome == 'succeeded' for r in results if r.task_id.endswith('-after'))
