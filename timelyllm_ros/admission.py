@@ -32,11 +32,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from timelyllm_ros.engines.base import EngineView
 from timelyllm_ros.request import Generation
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
+
+BatchMode = Literal['latency-guided', 'fixed']
+BATCH_MODES: tuple[BatchMode, ...] = ('latency-guided', 'fixed')
+"""How a policy with latency-guided admission sizes its batch: ``latency-guided`` (§4.4), or
+``fixed``: by the batch cap and memory only, as the paper's batch-size sweeps (§7.3.1, Fig. 7
+and 8) and the authors' artifact run it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,7 @@ class AdmissionContext:
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile
     urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
     queued: Sequence[Generation] = ()           # generations in the queue (do not mutate)
+    batch_mode: BatchMode = 'latency-guided'    # 'fixed': only the cap and memory admit
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:

@@ -13,10 +13,11 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from timelyllm_ros.admission import BatchMode
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.errors import PolicyError
@@ -27,6 +28,10 @@ from timelyllm_ros.request import TaskSpec
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.simulation import SimulationResult, simulate
 from timelyllm_ros.tuf import NORMAL, URGENT
+
+SWEEP_BATCH_MODE: BatchMode = 'fixed'
+"""The batch-size sweeps (Fig. 7 and 8) fix the batch size as the paper (§7.3.1) and the
+authors' artifact do: admission by the cap and memory only, for every policy."""
 
 # Figures every policy is compared on, TimelyLLM's and those the rival schedulers optimise.
 COMPARED_METRICS = ('utility_mean', 'slo_attainment', 'completion_rate', 'response_time_mean_s',
@@ -104,6 +109,7 @@ def run_bench(
     summary: dict[str, object] = {
         'workload': workload, 'seed': seed, 'tasks': len(tasks),
         'comm_s': config.comm_s, 'max_batch': config.max_batch,
+        'batch_mode': config.batch_mode,
         'engine': engine.describe(),
         'policies': per_policy,
     }
@@ -128,13 +134,15 @@ def run_bench(
             for size in batch_sizes:
                 if progress:
                     progress(f'{policy} batch {size}')
-                sized = SchedulerConfig(comm_s=config.comm_s, max_batch=size)
+                sized = replace(config, max_batch=size, batch_mode=SWEEP_BATCH_MODE)
                 result = simulate(tasks, policy, seed=seed, config=sized,
                                   engine=engine.build())
                 overall = aggregate([task_metrics(g) for g in result.generations])
                 sweep.setdefault(policy, {})[size] = float(overall['utility_mean'])
         summary['batch_sweep'] = {p: {str(k): v for k, v in s.items()} for p, s in sweep.items()}
-        batch_sweep(out / 'fig7_batch_sweep.png', sweep, f'{workload}: utility vs batch size')
+        summary['batch_sweep_mode'] = SWEEP_BATCH_MODE
+        batch_sweep(out / 'fig7_batch_sweep.png', sweep,
+                    f'{workload}: utility vs batch size ({SWEEP_BATCH_MODE} batch)')
     (out / 'summary.json').write_text(json.dumps(_finite(summary), indent=2) + '\n')
     with (out / 'tasks.csv').open('w', newline='') as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ['policy'])

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from timelyllm_ros.admission import AdmissionContext
+from timelyllm_ros.admission import BATCH_MODES, AdmissionContext, BatchMode
 from timelyllm_ros.clock import Clock
 from timelyllm_ros.engines.base import Engine, EngineRequest, EngineView, StepResult
 from timelyllm_ros.errors import (
@@ -60,6 +60,8 @@ class SchedulerConfig:
 
     comm_s: float = 0.008            # one-way network latency to the robots (s), paper §7.2
     max_batch: int | None = None     # fixed batch cap (Fig. 7); None = the engine's limit
+    batch_mode: BatchMode = 'latency-guided'   # 'fixed': admission by batch cap and memory
+                                               # only (the paper's §7.3.1 sweeps, the artifact)
     step_smoothing: float = 0.5      # weight of the newest decode step in the speed estimate
     report_timeout_factor: float = 3.0   # a robot may take this many times a segment's
                                          # longest execution estimate before it is overdue
@@ -78,6 +80,9 @@ class SchedulerConfig:
                              f'got {self.report_timeout_factor}')
         if self.max_batch is not None and self.max_batch < 1:
             raise ConfigError(f'max_batch must be >= 1, got {self.max_batch}')
+        if self.batch_mode not in BATCH_MODES:
+            raise ConfigError(f'batch_mode must be one of {", ".join(BATCH_MODES)}, got '
+                              f'{self.batch_mode!r}')
         if not 0 < self.step_smoothing <= 1:
             raise ConfigError(f'step_smoothing must be in (0, 1], got {self.step_smoothing}')
 
@@ -482,6 +487,7 @@ class Scheduler:
                   out: TickResult) -> None:
         generation.tokens += produced
         generation.segment_tokens += produced
+        generation.pieces.append(piece)
         cut = self._segmenters[generation.task_id].feed(piece)
         if cut is not None:
             self._on_cut(generation, cut, now, out)
@@ -543,6 +549,7 @@ class Scheduler:
             now=now, comm_s=self.config.comm_s, engine=self.engine_view,
             running=self._running.values(), max_batch=self._cap,
             recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
+            batch_mode=self.config.batch_mode,
             urgency_tie_s=self._segment_generation_s, queued=self.queue.generations)
 
     # -- segments ---------------------------------------------------------------------------

@@ -59,6 +59,8 @@ class TimelyLlmPolicy(Policy):
                             queue.comm_s)
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
+        if ctx.batch_mode == 'fixed':
+            return fits(candidate, ctx)
         current = self._decision is not None and self._decision[0] == ctx.now
         rows = len(ctx.queued)
         return fits(candidate, ctx) and latency_guided(
