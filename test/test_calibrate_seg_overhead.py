@@ -82,3 +82,63 @@ def test_engine_option_errors(capsys) -> None:
     assert 'unknown engine' in capsys.readouterr().err
     assert main(['run', '--engine', 'cpu', '--engine-opt', 'novalue', '--tasks', '1']) == 1
     assert 'KEY=VALUE' in capsys.readouterr().err
+
+
+def test_calibration_recovers_the_engine_behaviour_and_keeps_the_fixed_cost_apart() -> None:
+    from timelyllm_ros.engines.sim import SimulatedEngine
+
+    truth = load_calibration().model_copy(update={
+        'schema_version': 2, 'block_size': 32, 'max_num_seqs': 8,
+        'engine': load_calibration().engine.model_copy(update={
+            'iteration_overhead_ms': 4.0, 'resume': 'new_request_prefix_cache',
+            'max_joins_per_iteration': 1})})
+    calibration = measure(SimulatedEngine(truth), 'Llama3-8B fp16', 'sim',
+                          lengths=(16, 256, 1024), batch_sizes=(1, 2, 4), steps=3, repeats=1)
+    assert calibration.schema_version == 2
+    assert calibration.engine.iteration_overhead_ms == pytest.approx(4.0, abs=1e-3)
+    assert calibration.engine.resume == 'new_request_prefix_cache'
+    assert calibration.engine.max_joins_per_iteration == 1
+    assert (calibration.block_size, calibration.max_num_seqs) == (32, 8)
+    for tokens, ms in zip(calibration.prefill_ms.tokens, calibration.prefill_ms.ms,
+                          strict=True):          # the model's time alone: no double count
+        assert ms == pytest.approx(truth.prefill_s(tokens) * 1000, rel=1e-3)
+    assert 'measured' in calibration.provenance['engine.iteration_overhead_ms']
+    assert 'declared' in calibration.provenance['engine.resume']
+
+
+def test_seg_overhead_on_the_simulator_charges_vllm_resumes() -> None:
+    """Kept-KV resumes are free; new-request resumes prefill their uncached tail."""
+    base = load_calibration()
+    vllm_like = base.model_copy(update={'schema_version': 2, 'engine': base.engine.model_copy(
+        update={'resume': 'new_request_prefix_cache'})})
+    from timelyllm_ros.engines.sim import SimulatedEngine
+
+    kept = segmentation_overhead(SimulatedEngine(base), trace_ids=(1, 2))
+    vllm = segmentation_overhead(SimulatedEngine(vllm_like), trace_ids=(1, 2))
+    for trace in ('1', '2'):
+        assert kept[trace]['overhead_pct'] < 0.05 < vllm[trace]['overhead_pct']
+        assert vllm[trace]['overhead_pct'] > 10 * kept[trace]['overhead_pct']
+        assert vllm[trace]['prefix_reuse'] < 1.0 == kept[trace]['prefix_reuse']
+
+
+def test_validate_sim_against_the_simulator_itself_is_exact_and_keeps_the_ranking(capsys):
+    """The simulator validated against itself: its calibration recovers it (a few measured
+    points of its piecewise curves) and the twins replay the same output, so per-task errors
+    stay within 3 % and the policies rank the same."""
+    assert main(['validate-sim', '--engine', 'sim', '--tasks', '8', '--json', '--quiet']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result['policies']) == {'vllm', 'timelyllm'} and result['ranking_same']
+    for entry in result['policies'].values():
+        assert set(entry['median_abs_rel_error']) == {'response', 'waiting', 'completion'}
+        assert all(error < 0.03 for error in entry['median_abs_rel_error'].values())
+        assert entry['real']['overall']['tasks'] == entry['sim']['overall']['tasks'] == 8
+        assert len(entry['tasks']) == 8
+
+
+def test_median_abs_rel_error_skips_undefined_and_zero_times():
+    import math
+
+    from timelyllm_ros.validate_sim import median_abs_rel_error
+
+    assert median_abs_rel_error([1.0, 2.0, 4.0], [1.1, 2.0, 2.0]) == pytest.approx(0.1)
+    assert median_abs_rel_error([math.nan, 0.0], [1.0, 1.0]) is None

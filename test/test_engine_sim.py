@@ -414,3 +414,91 @@ def test_the_simulator_declares_its_capabilities_and_reports_stats() -> None:
     assert engine.kv_accounting() is engine.kv and engine.cost_model() is engine.calibration
     with engine:
         pass                                          # a context manager; close() is a no-op
+
+
+# -- engine behaviour (calibration schema 2) -------------------------------------------------
+def _engine(**behaviour: object) -> SimulatedEngine:
+    """The tiny calibration (prefill 0.1 ms/token, decode 20 ms + 10 ms per extra sequence,
+    blocks of 16 tokens) with 100 blocks and an engine section."""
+    return SimulatedEngine(tiny_calibration(schema_version=2, engine=behaviour,
+                                            gpu_kv_tokens=1600))
+
+
+def test_schema_1_files_load_with_the_idealised_engine_and_reject_an_engine_section():
+    assert CAL.schema_version == 1 and CAL.engine.resume == 'kept_kv'
+    assert CAL.engine.iteration_overhead_ms == 0 and CAL.engine.prefill_token_budget is None
+    with pytest.raises(ValueError, match='schema_version: 2'):
+        tiny_calibration(engine={'iteration_overhead_ms': 3.0})
+    with pytest.raises(ValueError, match='resume'):
+        tiny_calibration(schema_version=2, engine={'resume': 'teleport'})
+    with pytest.raises(ValueError, match='schema_version'):
+        tiny_calibration(schema_version=3)
+
+
+def test_every_iteration_pays_the_fixed_cost():
+    engine = _engine(iteration_overhead_ms=5.0)
+    engine.register(_request('a', prompt_tokens=100))
+    engine.run('a')
+    assert engine.step().duration_s == pytest.approx(0.010 + 0.005)     # prefill 100 tokens
+    assert engine.step().duration_s == pytest.approx(0.020 + 0.005)     # decode at batch 1
+
+
+@pytest.mark.parametrize(('context', 'tail'), [
+    (1, 1), (15, 15), (16, 16), (17, 1), (32, 16), (33, 1), (40, 8)])
+def test_resume_tail_is_what_follows_the_last_full_block_the_cache_may_return(context, tail):
+    cal = tiny_calibration(schema_version=2, engine={'resume': 'new_request_prefix_cache'})
+    assert cal.resume_tail_tokens(context) == tail
+    assert tiny_calibration().resume_tail_tokens(context) == 0          # kept KV: free
+
+
+def test_a_new_request_resume_prefills_its_tail_once_and_stalls_the_batch():
+    engine = _engine(resume='new_request_prefix_cache')
+    for name in ('a', 'b'):
+        engine.register(_request(name, prompt_tokens=20, script=('x',) * 10))
+        engine.run(name)
+    engine.step()                                                       # both prefilled
+    engine.step()                                                       # 21 tokens each
+    engine.pause('a')
+    assert engine.run_cost_s('a') == pytest.approx(CAL_TINY_PREFILL_S * 6)  # 22 → tail 6
+    engine.run('a')
+    resumed = engine.step()
+    assert resumed.prefill_tokens == 6 and resumed.text == {'a': 'x'}   # b stalled
+    assert resumed.batch_size == 2 and resumed.prefix_cached_tokens == 22 - 6
+    assert resumed.duration_s == pytest.approx(CAL_TINY_PREFILL_S * 6)
+    assert (engine.resumes, engine.resume_tokens) == (1, 6)
+    assert engine.step().text == {'a': 'x', 'b': 'x'}                   # then both decode
+    # the same under kept KV: free, no stall
+    kept = _engine()
+    kept.register(_request('a', prompt_tokens=20, script=('x',) * 10))
+    kept.run('a')
+    kept.step()
+    kept.pause('a')
+    kept.run('a')
+    assert kept.step().prefill_tokens == 0 and (kept.resumes, kept.resume_tokens) == (1, 0)
+
+
+CAL_TINY_PREFILL_S = 0.0001     # the tiny calibration's prefill per token (s)
+
+
+def test_join_limit_starts_one_prefill_per_iteration():
+    engine = _engine(max_joins_per_iteration=1)
+    for name in ('a', 'b', 'c'):
+        engine.register(_request(name, prompt_tokens=100))
+        engine.run(name)
+    produced = [set(engine.step().text) for _ in range(3)]
+    assert produced == [{'a'}, {'b'}, {'c'}]                            # one joins per step
+    assert set(engine.step().text) == {'a', 'b', 'c'}
+
+
+def test_chunked_prefill_spends_the_budget_beside_the_decodes():
+    engine = _engine(prefill_token_budget=64)
+    engine.register(_request('a', prompt_tokens=10, script=('x',) * 10))
+    engine.run('a')
+    assert engine.step().text == {'a': 'x'}                              # 10 ≤ 64: done at once
+    engine.register(_request('b', prompt_tokens=100, script=('y',) * 10))
+    engine.run('b')
+    first = engine.step()                   # a decodes (1 token), b gets the other 63
+    assert first.text == {'a': 'x'} and first.prefill_tokens == 63
+    assert first.duration_s == pytest.approx(0.020 + 63 * CAL_TINY_PREFILL_S)
+    second = engine.step()                  # b's last 37 tokens: its first token too
+    assert second.text == {'a': 'x', 'b': 'y'} and second.prefill_tokens == 37

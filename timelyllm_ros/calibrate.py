@@ -5,8 +5,14 @@ Everything goes through the generic :class:`~timelyllm_ros.engines.base.Engine` 
 length (one prefill iteration of a single prompt, no prefix), decode-step time against batch
 size at a reference context, and the extra cost of a longer context. The figures are the
 ``duration_s`` the engine reports for each iteration (measured wall time for real engines).
-The result validates as :class:`~timelyllm_ros.engines.calibration.Calibration` and is written
-as YAML with the model, hardware, engine and date in ``source``.
+The engine's own behaviour goes in the ``engine`` section (schema 2): how it resumes a
+suspended generation, its prefill token budget and join limit as the engine declares them
+(:meth:`~timelyllm_ros.engines.base.Engine.behaviour`), and the fixed host cost of an
+iteration, measured as an iteration's wall time less the time in the model's forward pass
+where the engine times that apart (llama.cpp). The curves then hold the model's time alone,
+so that curve + fixed cost = what was measured. The result validates as
+:class:`~timelyllm_ros.engines.calibration.Calibration` and is written as YAML with the model,
+hardware, engine, date and each figure's provenance.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from timelyllm_ros.engines.base import Engine, EngineRequest
-from timelyllm_ros.engines.calibration import Calibration
+from timelyllm_ros.engines.calibration import SCHEMA_VERSION, Calibration
 from timelyllm_ros.errors import EngineError
 
 # Filler text: plain words, so every tokenizer splits it into roughly one token per word.
@@ -120,6 +126,29 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
     return statistics.median(samples), (context // batch if context else context_words)
 
 
+def measure_iteration_overhead(engine: Engine, context_words: int = 256,
+                               steps: int = 16) -> float | None:
+    """Median ms of a batch-1 decode iteration spent outside the model's forward pass
+    (scheduling, sampling, detokenizing, grammar); None when the engine does not time its
+    forward pass apart (``EngineStats.model_s`` stays 0)."""
+    probe = _Probe(engine, steps + 4)
+    request_id = probe.request(context_words, steps + 4)
+    samples: list[float] = []
+    try:
+        engine.run(request_id)
+        for _ in range(steps + 2):
+            if not engine.running:
+                break
+            before = engine.stats().model_s
+            result = engine.step()
+            model_s = engine.stats().model_s - before
+            if not result.prefill_tokens and model_s > 0:
+                samples.append(max(0.0, result.duration_s - model_s) * 1000.0)
+    finally:
+        engine.release(request_id)
+    return statistics.median(samples) if samples else None
+
+
 def measure_swap(engine: Engine, context_words: int = 256) -> None:
     """Swap one generation's KV to host memory and back (engines that can evict count it)."""
     probe = _Probe(engine, 8)
@@ -173,6 +202,8 @@ def measure(engine: Engine, model: str, engine_name: str, *,
             reference = context
     say('decode long context')
     long_ms, long_context = measure_decode(engine, 1, long_context_words, steps)
+    say('iteration overhead')
+    overhead = measure_iteration_overhead(engine, context_words, steps * 2)
     say('swap')
     measure_swap(engine, context_words)
     base_ms = dict(decode).get(1, decode[0][1])
@@ -186,7 +217,9 @@ def measure(engine: Engine, model: str, engine_name: str, *,
                          if swap_bytes and kv_bytes else 0.0)
     if not swap_ms_per_token and kv_bytes:
         swap_ms_per_token = kv_bytes / 5e9 * 1000.0      # host memcpy, ~5 GB/s
-    points_ms = [round(ms, 3) for _, ms in prefill]
+    fixed = overhead or 0.0
+    points_ms = [round(max(0.0, ms - fixed), 3) for _, ms in prefill]
+    behaviour = engine.behaviour().model_copy(update={'iteration_overhead_ms': round(fixed, 3)})
     date = datetime.date.today().isoformat()
     hardware = hardware or hardware_label()
     source = (f'Measured by `timelyllm calibrate` on {date}: engine {engine_name}, model {model}, '
@@ -197,20 +230,36 @@ def measure(engine: Engine, model: str, engine_name: str, *,
               f"capacity are the engine's; swap-in is the measured host restore speed when "
               f'the engine swapped during the run, else a 5 GB/s memcpy estimate.'
               + (f' Command: {command}' if command else ''))
+    declared = f'declared by the {engine_name} engine ({type(engine).__name__}.behaviour)'
     data = {
+        'schema_version': SCHEMA_VERSION,
         'model': model,
         'gpu': hardware,
         'source': source,
         'prefill_ms': {'tokens': [t for t, _ in prefill], 'ms': points_ms},
         'decode_ms': {'reference_context_tokens': reference,
-                      'batch': [b for b, _ in decode], 'ms': [round(ms, 3) for _, ms in decode]},
+                      'batch': [b for b, _ in decode],
+                      'ms': [round(max(0.0, ms - fixed), 3) for _, ms in decode]},
         'decode_ms_per_context_token': round(per_token, 6),
         'kv_bytes_per_token': max(1, kv_bytes),
         'gpu_kv_tokens': max(1, kv_tokens or 16384),
         'host_kv_tokens': max(1, kv_tokens or 16384) * 4,
-        'block_size': 16,
+        'block_size': engine.kv_block_size,
         'swap_in_ms_per_token': round(swap_ms_per_token, 6),
         'max_num_seqs': engine.max_num_seqs,
+        'engine': behaviour.model_dump(),
+        'provenance': {
+            'prefill_ms': f'measured, {date}, less the fixed iteration cost',
+            'decode_ms': f'measured, {date}, less the fixed iteration cost',
+            'engine.iteration_overhead_ms': (
+                f'measured, {date}: median batch-1 decode iteration wall time less the time '
+                'in the forward pass' if overhead is not None else
+                'not separable: the engine does not time its forward pass apart, so the '
+                'fixed cost stays inside the measured curves'),
+            'engine.resume': declared, 'engine.prefill_token_budget': declared,
+            'engine.max_joins_per_iteration': declared,
+            'block_size': declared, 'max_num_seqs': declared,
+        },
     }
     if len(data['prefill_ms']['tokens']) < 2:  # type: ignore[index]
         raise EngineError('the prefill curve needs at least two distinct prompt lengths')
@@ -221,8 +270,11 @@ def write_calibration(calibration: Calibration, path: str | Path, header: str = 
     """Write a calibration as YAML (an optional comment header first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(calibration.model_dump(), sort_keys=False, width=99,
-                          default_flow_style=None)
+    data = calibration.model_dump()
+    sections = {k: data.pop(k) for k in ('engine', 'provenance')}
+    # Number lists stay on one line; the engine section and provenance read as blocks.
+    text = yaml.safe_dump(data, sort_keys=False, width=99, default_flow_style=None)
+    text += yaml.safe_dump(sections, sort_keys=False, width=99, default_flow_style=False)
     comment = ''.join(f'# {line}\n' for line in header.splitlines())
     path.write_text(comment + text, encoding='utf-8')
     return path

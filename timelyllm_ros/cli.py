@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from timelyllm_ros.admission import BATCH_MODES
 from timelyllm_ros.errors import run_command
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.tables import (
@@ -62,6 +63,7 @@ def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def _config(args: argparse.Namespace) -> SchedulerConfig:
     return SchedulerConfig(comm_s=args.comm_ms / 1000.0, max_batch=args.max_batch,
+                           batch_mode=getattr(args, 'batch_mode', 'latency-guided'),
                            grammar=not getattr(args, 'no_grammar', False))
 
 
@@ -280,6 +282,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 _SEG_KEYS = ('overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical')
 
 
+def cmd_validate_sim(args: argparse.Namespace) -> int:
+    from timelyllm_ros.policies import resolve_policy_names
+    from timelyllm_ros.validate_sim import COMPARED, validate
+
+    name, tasks = _load_tasks(args)
+
+    def progress(label: str) -> None:
+        if not args.quiet:
+            print(f'validate-sim: {label}', file=sys.stderr, flush=True)
+
+    result = validate(tasks, resolve_policy_names(args.policies), _engine_options(args),
+                      config=_config(args), seed=args.seed, progress=progress)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return 0
+    print(f'workload {name}: {len(tasks)} tasks on engine {args.engine} and on the simulator '
+          f'calibrated from it')
+    rows = []
+    for policy, entry in result['policies'].items():
+        errors = entry['median_abs_rel_error']
+        rows.append([policy, *(format_value(errors[m], '{:.1%}') for m in COMPARED),
+                     format_value(entry['real']['overall']['utility_mean'], '{:.3f}'),
+                     format_value(entry['sim']['overall']['utility_mean'], '{:.3f}')])
+    print(text_table(['policy', *(f'{m} err' for m in COMPARED), 'utility real',
+                      'utility sim'], rows))
+    print(f"ranking real {result['ranking']['real']}, sim {result['ranking']['sim']}: "
+          f"{'same' if result['ranking_same'] else 'DIFFERENT'}")
+    return 0
+
+
 def cmd_seg_overhead(args: argparse.Namespace) -> int:
     from timelyllm_ros.seg_overhead import segmentation_overhead
 
@@ -328,6 +360,9 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--seed', type=int, default=0, help='seeds arrivals and robots')
     parser.add_argument('--comm-ms', type=float, default=8.0, help='network latency (ms)')
     parser.add_argument('--max-batch', type=int, default=None, help='fixed batch cap')
+    parser.add_argument('--batch-mode', choices=BATCH_MODES, default='latency-guided',
+                        help="TimelyLLM's admission: latency-guided (§4.4, default) or fixed "
+                             "(batch cap and memory only, as the paper's batch sweeps)")
     parser.add_argument('--calibration', default=None, help='calibration name or YAML path')
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')
@@ -438,6 +473,19 @@ def build_parser() -> argparse.ArgumentParser:
                           'identical}}}')
     seg.add_argument('--details', action='store_true', help='with --json: every field')
     seg.set_defaults(func=cmd_seg_overhead)
+
+    validate = sub.add_parser(
+        'validate-sim', help='the same tasks on a real engine and on the simulator calibrated '
+                             'from it: per-task errors and rankings')
+    _add_workload_args(validate)
+    validate.add_argument('--policies', default='vllm,timelyllm',
+                          help='comma-separated policies (default vllm,timelyllm)')
+    validate.add_argument('--json', action='store_true',
+                          help='print {"policies": {NAME: {"median_abs_rel_error": {response, '
+                               'waiting, completion}, "real": ..., "sim": ..., "tasks": ...}}, '
+                               '"ranking_same": bool, ...}')
+    validate.add_argument('--quiet', action='store_true', help='no progress on stderr')
+    validate.set_defaults(func=cmd_validate_sim)
 
     workloads = sub.add_parser('workloads', help='list the bundled workloads')
     workloads.set_defaults(func=cmd_workloads)

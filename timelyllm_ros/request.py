@@ -83,6 +83,7 @@ class Generation:
     k: int = 0                                  # index of the segment being generated
     need_time: float = 0.0                      # when the robot needs segment k (est.)
     tokens: int = 0                             # output tokens so far
+    pieces: list[str] = field(default_factory=list)   # output text of each iteration
     segment_tokens: int = 0                     # tokens of the segment being generated
     segments: list[Segment] = field(default_factory=list)
     held: list[Statement] = field(default_factory=list)  # cut, not yet dispatched (no stream)

@@ -30,12 +30,14 @@ def task_record_fields(generation: Generation, pieces: Sequence[str] | None = No
     Args:
         generation: the scheduler's record of the task (normally in a terminal state).
         pieces: the generated token pieces; by default the first ``generation.tokens``
-            pieces of the request's script (what the simulated engine emitted), or none.
+            pieces of the request's script (what the simulated engine emitted), else the
+            output of each iteration as the scheduler received it.
         task_id: the id to record (default: the scheduler's task id).
     """
     spec = generation.spec
     if pieces is None:
-        pieces = spec.script[:generation.tokens] if spec.script is not None else ()
+        pieces = (spec.script[:generation.tokens] if spec.script is not None
+                  else generation.pieces)
     pieces = [str(p) for p in pieces]
     segments = generation.segments
     cuts: list[int] = []

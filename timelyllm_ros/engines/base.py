@@ -14,6 +14,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from timelyllm_ros.errors import EngineError
 
 FinishReason = Literal['eos', 'length']
@@ -99,6 +101,8 @@ class EngineStats:
     swap_bytes: int = 0             # KV bytes restored from host memory so far
     swap_s: float = 0.0             # time those restores took (s)
     grammar_s: float = 0.0          # time spent in grammar checks and masks (s)
+    model_s: float = 0.0            # time in the model's forward passes (s; 0: not timed
+                                    # apart from the rest of an iteration)
     preemptions: int = 0            # generations the engine itself preempted (vLLM: by
                                     # recomputation, re-run inside the engine)
 
@@ -154,6 +158,40 @@ class CostModel(Protocol):
     def swap_in_s(self, tokens: int) -> float:
         """Restoring ``tokens`` tokens of KV from host memory (s)."""
         ...
+
+
+ResumeModel = Literal['kept_kv', 'new_request_prefix_cache']
+RESUME_MODELS: tuple[ResumeModel, ...] = ('kept_kv', 'new_request_prefix_cache')
+
+
+class EngineBehaviour(BaseModel):
+    """How the serving engine runs iterations, beyond the model's own latency.
+
+    ``resume`` says what continuing a suspended generation costs:
+
+    * ``kept_kv`` -- the engine keeps the generation's tokens and KV cache (llama.cpp, the
+      transformers engine): it rejoins the batch at no extra cost;
+    * ``new_request_prefix_cache`` -- the generation comes back as a new request over its
+      prompt and output so far (vLLM); prefix caching finds its full KV blocks, and the
+      uncached tail (the tokens after the last full block, at least one token: the engine
+      needs logits) is prefilled in the iteration where it resumes, stalling the batch.
+
+    It is the ``engine`` section of a calibration (schema 2), and what a real engine declares
+    of itself (:meth:`Engine.behaviour`; the fixed cost is measured, not declared).
+    """
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    iteration_overhead_ms: float = Field(default=0.0, ge=0)   # fixed host cost of every iteration
+    prefill_token_budget: int | None = Field(default=None, gt=0)  # tokens per iteration (chunked
+                                                          # prefill); None: whole prefills
+    max_joins_per_iteration: int | None = Field(default=None, gt=0)  # requests starting per
+                                                             # iteration; None: all admitted
+    resume: ResumeModel = 'kept_kv'
+    resume_overhead_ms: float = Field(default=0.0, ge=0)  # host cost of re-admitting one
+                                        # resumed generation as a new request (re-tokenizing,
+                                        # hashing its blocks, scheduling), in its iteration
+
 
 
 class Engine(ABC):
@@ -223,6 +261,17 @@ class Engine(ABC):
     @abstractmethod
     def stats(self) -> EngineStats:
         """Identity, capacity and counters (cheap; safe to call between iterations)."""
+
+    def behaviour(self) -> EngineBehaviour:
+        """How this engine runs iterations (a calibration's ``engine`` section): by default
+        it keeps a suspended generation's KV, prefills whole prompts and lets every admitted
+        request join at once. Its fixed cost per iteration is measured, not declared."""
+        return EngineBehaviour()
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block: the granularity of memory and of prefix-cache hits."""
+        return 16
 
     # -- life cycle -------------------------------------------------------------------------
     def warmup(self) -> None:

@@ -1,13 +1,22 @@
-"""Calibration data of a (model, GPU) pair: the latency model the simulated engine runs on."""
+"""Calibration data of a deployment: the latency model the simulated engine runs on.
+
+A calibration describes the model on its hardware (prefill and decode latency, KV memory,
+swap bandwidth) and, since schema 2, the serving engine too (:class:`EngineBehaviour`): the
+fixed host cost of an iteration, prefill chunking, how many requests join per iteration, and
+what resuming a suspended generation costs. Schema-1 files (no ``engine`` section) load with
+the idealised engine they were written for: no fixed cost, whole prefills, free resumes.
+"""
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from timelyllm_ros.engines.base import RESUME_MODELS, EngineBehaviour, ResumeModel
 from timelyllm_ros.errors import EngineError
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / 'data' / 'calibration'
@@ -41,11 +50,18 @@ class DecodeCurve(_Curve):
         return self
 
 
+SCHEMA_VERSION = 2
+"""The calibration schema this package writes (1: no ``engine`` section)."""
+
+__all__ = ['RESUME_MODELS', 'Calibration', 'EngineBehaviour', 'ResumeModel', 'load_calibration']
+
 class Calibration(BaseModel):
-    """Prefill and decode latency, KV capacity and swap bandwidth of one deployment."""
+    """Prefill and decode latency, KV capacity, swap bandwidth and engine behaviour of one
+    deployment (model, hardware, serving engine)."""
 
     model_config = ConfigDict(extra='forbid', frozen=True)
 
+    schema_version: Literal[1, 2] = 1
     model: str
     gpu: str
     source: str
@@ -58,6 +74,23 @@ class Calibration(BaseModel):
     block_size: int = Field(gt=0)
     swap_in_ms_per_token: float = Field(ge=0)
     max_num_seqs: int = Field(gt=0)
+    engine: EngineBehaviour = EngineBehaviour()
+    provenance: dict[str, str] = {}   # figure -> where it comes from (measured, paper, fitted)
+
+    @model_validator(mode='after')
+    def _engine_needs_schema_2(self) -> Calibration:
+        if self.schema_version == 1 and self.engine != EngineBehaviour():
+            raise ValueError('an engine section needs schema_version: 2')
+        return self
+
+    def resume_tail_tokens(self, context_tokens: int) -> int:
+        """Tokens a ``new_request_prefix_cache`` resume recomputes over a context of
+        ``context_tokens``: those after the last full KV block the cache may return (it
+        keeps at least one token to compute); 0 for ``kept_kv``."""
+        if self.engine.resume == 'kept_kv' or context_tokens <= 0:
+            return 0
+        block = self.block_size
+        return context_tokens - block * ((context_tokens - 1) // block)
 
     def prefill_s(self, tokens: int) -> float:
         """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""
@@ -65,8 +98,19 @@ class Calibration(BaseModel):
             return 0.0
         return _interp(tokens, self.prefill_ms.tokens, self.prefill_ms.ms) / 1000.0
 
+    @property
+    def iteration_overhead_s(self) -> float:
+        return self.engine.iteration_overhead_ms / 1000.0
+
+    @property
+    def resume_overhead_s(self) -> float:
+        """Host cost of re-admitting one resumed generation (new-request resumes only)."""
+        return (self.engine.resume_overhead_ms / 1000.0
+                if self.engine.resume == 'new_request_prefix_cache' else 0.0)
+
     def decode_s(self, batch: int, context_tokens: int) -> float:
-        """One decode iteration of ``batch`` sequences holding ``context_tokens`` in total."""
+        """One decode iteration of ``batch`` sequences holding ``context_tokens`` in total
+        (the model's time: the engine's fixed cost per iteration is apart)."""
         if batch <= 0:
             return 0.0
         base = _interp(batch, self.decode_ms.batch, self.decode_ms.ms)

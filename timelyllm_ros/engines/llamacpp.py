@@ -304,6 +304,7 @@ class LlamaCppEngine(Engine):
         self.decode_s = 0.0
         self.decode_steps = 0
         self.decode_calls = 0            # llama_decode calls
+        self.model_s = 0.0               # time inside llama_decode (s)
         self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
         self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
         self.prefix_hit_tokens = 0       # prompt tokens shared from a prefix sequence
@@ -323,7 +324,8 @@ class LlamaCppEngine(Engine):
                            kv_bytes_per_token=self.kv_bytes_per_token,
                            swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s,
                            grammar_s=self._released_grammar_s + sum(
-                               g.grammar_s for g in self._generations.values()))
+                               g.grammar_s for g in self._generations.values()),
+                           model_s=self.model_s)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -902,7 +904,9 @@ class LlamaCppEngine(Engine):
                 owners.append(request_id)
                 room -= len(chunk)
             last = self._fill(items)
+            started = time.perf_counter()
             status = llama.llama_decode(self._ctx, self._batch)
+            self.model_s += time.perf_counter() - started
             self.decode_calls += 1
             if status == 1:
                 # No KV slot: free cells, then retry the same tokens (llama.cpp rolled back).

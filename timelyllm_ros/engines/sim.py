@@ -1,9 +1,15 @@
 """Calibrated discrete-event simulation of a continuous-batching engine (the embedded default).
 
-Each :meth:`SimulatedEngine.step` is one model iteration whose duration comes from the
-calibration's latency model. As in vLLM 0.5 (no chunked prefill), an iteration either
-prefills the newly admitted generations (stalling the decode of the others) or decodes one
-token for every running generation. The text is replayed from the request's ``script``
+Each :meth:`SimulatedEngine.step` is one engine iteration whose duration comes from the
+calibration: the model's latency plus the engine's fixed cost per iteration
+(:class:`~timelyllm_ros.engines.calibration.EngineBehaviour`). Without a prefill token budget
+(vLLM 0.5), an iteration either prefills the newly admitted generations (stalling the decode
+of the others) or decodes one token for every running generation; with one (chunked
+prefill, vLLM v1), an iteration decodes every running generation and prefills pending
+prompts up to the budget. At most ``max_joins_per_iteration`` generations start their prefill
+per iteration. A suspended generation resumes for free (``kept_kv``) or, as a new request
+over a prefix cache (``new_request_prefix_cache``, vLLM), with its uncached tail prefilled in
+the iteration where it resumes. The text is replayed from the request's ``script``
 (token pieces of a recorded trace), followed by EOS; for live goals the simulator chooses that
 script itself from its script source (:mod:`timelyllm_ros.engines.scripts`). It has no
 vocabulary: the id of a token is its position in the output.
@@ -24,6 +30,7 @@ from timelyllm_ros.engines.base import (
     Capability,
     CostModel,
     Engine,
+    EngineBehaviour,
     EngineRequest,
     EngineStats,
     EvictTo,
@@ -46,6 +53,9 @@ class _Generation:
     swap_in_tokens: int = 0     # tokens to bring back from host memory
     evict_ratio: float = 0.0    # share of the prompt's KV evicted after prefill (TimeBill)
     evicted_tokens: int = 0     # shared-prefix tokens this generation no longer attends to
+    started: bool = False       # has run before: a later run() after a pause is a resume
+    resuming: bool = False      # resumed as a new request, its re-admission not charged yet
+    joined_at: int = 0          # order of (re)joining, for the join limit
 
 
 class SimulatedEngine(Engine):
@@ -94,6 +104,10 @@ class SimulatedEngine(Engine):
         self.prefix_misses = 0
         self.steps = 0
         self.busy_s = 0.0
+        self.model_s = 0.0          # busy time less the engine's fixed cost per iteration
+        self.resumes = 0            # runs of a suspended generation whose KV was kept
+        self.resume_tokens = 0      # ... tokens they recomputed (new-request resume model)
+        self._joins = 0
         self._pending_cached = 0   # prompt tokens of generations joined since the last step
                                    # that were not recomputed (kept, swapped in, cached prefix)
 
@@ -102,7 +116,14 @@ class SimulatedEngine(Engine):
         cal = self.calibration
         return EngineStats(model=cal.model, hardware=f'simulated {cal.gpu}', steps=self.steps,
                            busy_s=self.busy_s, kv_capacity_tokens=cal.gpu_kv_tokens,
-                           kv_bytes_per_token=cal.kv_bytes_per_token)
+                           kv_bytes_per_token=cal.kv_bytes_per_token, model_s=self.model_s)
+
+    def behaviour(self) -> EngineBehaviour:
+        return self.calibration.engine
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.calibration.block_size
 
     def kv_accounting(self) -> KvAccounting:
         return self.kv
@@ -149,7 +170,15 @@ class SimulatedEngine(Engine):
             return self.calibration.prefill_s(self._prefill_tokens(request_id))
         if location == 'host':
             return self.calibration.swap_in_s(tokens)
-        return 0.0
+        if request_id in self._running or not self._generations[request_id].started:
+            return 0.0
+        tail = self._resume_tail(request_id)
+        return (self.calibration.prefill_s(tail) + self.calibration.resume_overhead_s
+                if tail else 0.0)
+
+    def _resume_tail(self, request_id: str) -> int:
+        """Tokens a resume of this kept generation recomputes (0 with ``kept_kv``)."""
+        return self.calibration.resume_tail_tokens(self._attended_tokens(request_id))
 
     def run(self, request_id: str) -> None:
         generation = self._get(request_id)
@@ -172,7 +201,17 @@ class SimulatedEngine(Engine):
         else:
             if before == 'host':
                 generation.swap_in_tokens = tokens
-            self._pending_cached += tokens + shared
+                self._pending_cached += tokens + shared
+            else:
+                tail = self._resume_tail(request_id) if generation.started else 0
+                generation.prefill_tokens = tail
+                generation.resuming = tail > 0
+                self.resumes += generation.started
+                self.resume_tokens += tail
+                self._pending_cached += tokens + shared - tail
+        generation.started = True
+        self._joins += 1
+        generation.joined_at = self._joins
         self._running[request_id] = None
 
     def pause(self, request_id: str) -> None:
@@ -228,27 +267,22 @@ class SimulatedEngine(Engine):
             return StepResult(duration_s=0.0)
         cal = self.calibration
         generations = self._generations
-        prefilling = [r for r in self._running
-                      if generations[r].prefill_tokens or generations[r].swap_in_tokens]
-        if prefilling:
-            new_tokens = sum(self._generations[r].prefill_tokens for r in prefilling)
-            swapped = sum(self._generations[r].swap_in_tokens for r in prefilling)
-            duration = cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
-            producing = [r for r in prefilling if self._generations[r].prefill_tokens]
-            for r in prefilling:
-                generation = self._generations[r]
-                if generation.prefill_tokens and generation.evict_ratio:
-                    self._compress(r, generation)
-                generation.prefill_tokens = 0
-                generation.swap_in_tokens = 0
-            batch_size = len(self._running)   # the stalled decodes are in the batch too
+        pending = sorted((r for r in self._running
+                          if generations[r].prefill_tokens or generations[r].swap_in_tokens),
+                         key=lambda r: generations[r].joined_at)
+        joins = cal.engine.max_joins_per_iteration
+        prefilling = pending[:joins] if joins else pending
+        if cal.engine.prefill_token_budget is None:
+            duration, new_tokens, producing, batch_size = self._whole_prefill_or_decode(
+                prefilling, only)
         else:
-            new_tokens = 0
-            producing = [r for r in self._running if only is None or r in only] or list(
-                self._running)
-            context = sum(self._attended_tokens(r) for r in producing)
-            duration = cal.decode_s(len(producing), context)
-            batch_size = len(producing)
+            duration, new_tokens, producing, batch_size = self._chunked(
+                prefilling, set(pending), only, cal.engine.prefill_token_budget)
+        self.model_s += duration
+        readmitted = [r for r in prefilling if generations[r].resuming]
+        for r in readmitted:
+            generations[r].resuming = False
+        duration += cal.iteration_overhead_s + len(readmitted) * cal.resume_overhead_s
         text: dict[str, str] = {}
         token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
@@ -283,6 +317,63 @@ class SimulatedEngine(Engine):
             preempted=tuple(preempted),
             prefill_tokens=new_tokens, prefix_cached_tokens=cached, batch_size=batch_size,
         )
+
+    def _whole_prefill_or_decode(self, prefilling: list[str], only: Collection[str] | None
+                                 ) -> tuple[float, int, list[str], int]:
+        """vLLM 0.5: prefill the joining generations whole (the others' decode stalls), or
+        decode every running one. Returns (duration, prefilled tokens, producing, batch)."""
+        cal = self.calibration
+        generations = self._generations
+        if prefilling:
+            new_tokens = sum(generations[r].prefill_tokens for r in prefilling)
+            swapped = sum(generations[r].swap_in_tokens for r in prefilling)
+            duration = cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
+            producing = [r for r in prefilling if generations[r].prefill_tokens]
+            for r in prefilling:
+                self._prefilled(r, generations[r].prefill_tokens)
+                generations[r].swap_in_tokens = 0
+            return duration, new_tokens, producing, len(self._running)  # stalled ones too
+        ready = [r for r in self._running if not generations[r].prefill_tokens]
+        producing = [r for r in ready if only is None or r in only] or ready
+        context = sum(self._attended_tokens(r) for r in producing)
+        return cal.decode_s(len(producing), context), 0, producing, len(producing)
+
+    def _chunked(self, prefilling: list[str], pending: set[str], only: Collection[str] | None,
+                 budget: int) -> tuple[float, int, list[str], int]:
+        """Chunked prefill (vLLM v1): decode every ready generation and spend the rest of the
+        token budget on pending prefills, oldest first; a generation whose prefill completes
+        produces its first token in the same iteration."""
+        cal = self.calibration
+        generations = self._generations
+        ready = [r for r in self._running if r not in pending]
+        decoding = [r for r in ready if only is None or r in only] or ready
+        left = max(0, budget - len(decoding))
+        new_tokens = 0
+        swapped = 0
+        completed: list[str] = []
+        for r in prefilling:
+            generation = generations[r]
+            swapped += generation.swap_in_tokens
+            generation.swap_in_tokens = 0
+            chunk = min(left, generation.prefill_tokens)
+            left -= chunk
+            new_tokens += chunk
+            self._prefilled(r, chunk)
+            if not generation.prefill_tokens:
+                completed.append(r)
+        context = sum(self._attended_tokens(r) for r in decoding)
+        duration = (cal.decode_s(len(decoding), context) + cal.prefill_s(new_tokens)
+                    + cal.swap_in_s(swapped))
+        producing = decoding + completed
+        return duration, new_tokens, producing, len(producing)
+
+    def _prefilled(self, request_id: str, tokens: int) -> None:
+        """``tokens`` of a generation's pending prefill were computed."""
+        generation = self._generations[request_id]
+        if generation.prefill_tokens and tokens >= generation.prefill_tokens \
+                and generation.evict_ratio:
+            self._compress(request_id, generation)
+        generation.prefill_tokens = max(0, generation.prefill_tokens - tokens)
 
     def _compress(self, request_id: str, generation: _Generation) -> None:
         """Evict a share of the prompt's attention context once it is prefilled; the

@@ -49,6 +49,7 @@ import numpy as np
 from timelyllm_ros.engines.base import (
     Capability,
     Engine,
+    EngineBehaviour,
     EngineRequest,
     EngineStats,
     FinishReason,
@@ -498,6 +499,17 @@ class VllmEngine(Engine):
     def count_tokens(self, text: str) -> int:
         """Tokens of a text with the model's tokenizer (no special tokens)."""
         return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def behaviour(self) -> EngineBehaviour:
+        """vLLM v1: a resumed segment is a new request over a prefix cache; prefills are
+        chunked under the scheduler's token budget (``max_num_batched_tokens``)."""
+        budget = getattr(self.llm.vllm_config.scheduler_config, 'max_num_batched_tokens', None)
+        return EngineBehaviour(resume='new_request_prefix_cache',
+                               prefill_token_budget=int(budget) if budget else None)
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.block_size
 
     def stats(self) -> EngineStats:
         """vLLM v1 preempts by recomputation and never swaps to host memory: no swap figures."""

@@ -1,0 +1,133 @@
+"""Validation of the simulator against a real engine, side by side in one run.
+
+The same tasks run twice per policy: on the real engine (simulated robots, the clock advanced
+by the engine's measured iteration times, as ``timelyllm bench --engine …`` does) and on the
+simulator calibrated from that very engine a moment before (:func:`timelyllm_ros.calibrate.
+measure`). So that both runs plan the same thing, the simulator's twin of each task replays
+what the real engine produced, iteration by iteration, over a prompt of the real engine's
+token count. Per policy the result holds the per-task response, waiting and completion times
+of both runs, their median absolute relative error, and each run's bench summary; and
+whether the policies rank the same (by mean utility) on both.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from timelyllm_ros.bench import EngineOptions, run_summary
+from timelyllm_ros.calibrate import measure
+from timelyllm_ros.engines.calibration import Calibration
+from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.metrics import task_metrics
+from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.request import Generation, TaskSpec
+from timelyllm_ros.scheduler import SchedulerConfig
+from timelyllm_ros.simulation import simulate
+
+COMPARED = ('response', 'waiting', 'completion')
+"""Per-task times compared (``TaskMetrics`` fields ``<name>_time_s``)."""
+
+
+def sim_twin(spec: TaskSpec, real: Generation, count_tokens: Callable[[str], int] | None
+             ) -> TaskSpec:
+    """The task as the simulator should replay it: the real engine's output, one piece per
+    iteration, over a prompt of the real engine's token count (when it can count)."""
+    twin = replace(spec, script=tuple(real.pieces) or spec.script)
+    if count_tokens is None:
+        return twin
+    profile = load_profile(spec.profile)
+    prompt = max(2, count_tokens(profile.build_prompt(spec.task)))
+    task = min(prompt - 1, max(1, count_tokens(spec.task)))
+    return replace(twin, prompt_tokens=prompt, task_tokens=task)
+
+
+def _typical_prompt_tokens(tasks: Sequence[TaskSpec],
+                           count_tokens: Callable[[str], int] | None) -> int:
+    """Median prompt length of the tasks in the engine's tokens (their recorded count when
+    the engine cannot count)."""
+    if count_tokens is None:
+        return int(statistics.median(t.prompt_tokens for t in tasks))
+    return int(statistics.median(
+        count_tokens(load_profile(t.profile).build_prompt(t.task)) for t in tasks))
+
+
+def median_abs_rel_error(real: Sequence[float], sim: Sequence[float]) -> float | None:
+    """Median over tasks of |sim − real| / real (tasks where either is undefined or the real
+    time is 0 are left out; None when none is left)."""
+    errors = [abs(s - r) / r for r, s in zip(real, sim, strict=True)
+              if math.isfinite(r) and math.isfinite(s) and r > 0]
+    return statistics.median(errors) if errors else None
+
+
+def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOptions,
+             config: SchedulerConfig | None = None, seed: int = 0,
+             calibration: Calibration | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every policy on the real engine and on its calibrated twin; compare per task.
+
+    Args:
+        tasks: the workload's tasks.
+        policies: policy names.
+        engine: how to build the real engine (one fresh engine per run).
+        config: scheduler configuration of every run.
+        seed: seeds the simulated robots of every run.
+        calibration: the real engine's calibration (default: measured now, on a fresh engine).
+        progress: called with a short label before each step.
+    """
+    say = progress or (lambda _label: None)
+    config = config or SchedulerConfig()
+    if calibration is None:
+        say('calibrate')
+        probe = engine.build()
+        try:
+            # Decode steps measured at the workload's own prompt length: their cost grows
+            # with the context, which a short reference context extrapolates poorly.
+            context = _typical_prompt_tokens(tasks, getattr(probe, 'count_tokens', None))
+            calibration = measure(probe, probe.stats().model, engine.name,
+                                  lengths=(16, 128, 512, 1024), batch_sizes=(1, 2, 4, 8),
+                                  context_words=context, long_context_words=2 * context,
+                                  steps=4, repeats=1)
+        finally:
+            probe.close()
+    out: dict[str, Any] = {'calibration': calibration.model_dump(mode='json'),
+                           'policies': {}}
+    utility: dict[str, dict[str, float]] = {'real': {}, 'sim': {}}
+    for policy in policies:
+        say(f'{policy} on {engine.name}')
+        real_engine = engine.build()
+        counter = getattr(real_engine, 'count_tokens', None)
+        try:
+            real = simulate(tasks, policy, seed=seed, config=config, engine=real_engine)
+            by_id = {g.task_id: g for g in real.generations}
+            twins = [sim_twin(spec, by_id[spec.task_id], counter) if spec.task_id in by_id
+                     else spec for spec in tasks]
+        finally:
+            real_engine.close()
+        say(f'{policy} on the simulator')
+        sim = simulate(twins, policy, seed=seed, config=config,
+                       engine=SimulatedEngine(calibration))
+        real_metrics = {g.task_id: task_metrics(g) for g in real.generations}
+        sim_metrics = {g.task_id: task_metrics(g) for g in sim.generations}
+        ids = [t for t in real_metrics if t in sim_metrics]
+        per_task = {t: {f'{name}_s': {'real': getattr(real_metrics[t], f'{name}_time_s'),
+                                      'sim': getattr(sim_metrics[t], f'{name}_time_s')}
+                        for name in COMPARED} for t in ids}
+        errors = {name: median_abs_rel_error(
+            [getattr(real_metrics[t], f'{name}_time_s') for t in ids],
+            [getattr(sim_metrics[t], f'{name}_time_s') for t in ids]) for name in COMPARED}
+        real_summary, sim_summary = run_summary(real), run_summary(sim)
+        utility['real'][policy] = float(real_summary['overall']['utility_mean'])
+        utility['sim'][policy] = float(sim_summary['overall']['utility_mean'])
+        out['policies'][policy] = {'median_abs_rel_error': errors, 'real': real_summary,
+                                   'sim': sim_summary, 'tasks': per_task}
+
+    def ranking(values: dict[str, float]) -> list[str]:
+        return sorted(values, key=lambda p: -values[p])
+
+    out['ranking'] = {'real': ranking(utility['real']), 'sim': ranking(utility['sim'])}
+    out['ranking_same'] = out['ranking']['real'] == out['ranking']['sim']
+    return out
