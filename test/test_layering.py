@@ -40,7 +40,7 @@ LAYERS: dict[str, int] = {
     'timelyllm_ros.service': 4, 'timelyllm_ros.simulation': 4, 'timelyllm_ros.bench': 4,
     'timelyllm_ros.calibrate': 4, 'timelyllm_ros.seg_overhead': 4, 'timelyllm_ros.metrics': 4,
     'timelyllm_ros.plots': 4, 'timelyllm_ros.tables': 4, 'timelyllm_ros.plan_quality': 4,
-    'timelyllm_ros.validate_sim': 4,
+    'timelyllm_ros.validate_sim': 4, 'timelyllm_ros.reproduce': 4,
     'lrtrace': 4,
     # L5: entry points: command lines and ROS nodes
     'timelyllm_ros.cli': 5, 'timelyllm_ros.__main__': 5, 'timelyllm_ros.nodes': 5,

@@ -282,6 +282,27 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 _SEG_KEYS = ('overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical')
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from timelyllm_ros.reproduce import PAPER_CALIBRATION, reproduce
+
+    out = Path(args.out)
+    with tqdm(total=9, desc='reproduce', unit='experiment', disable=args.quiet,
+              file=sys.stderr) as bar:
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        summary = reproduce(out, args.calibration or PAPER_CALIBRATION, seed=args.seed,
+                            progress=progress)
+    print((out / 'claims.md').read_text(encoding='utf-8'), end='')
+    failed = [n for n, c in summary['claims'].items() if not c['direction_ok']]
+    print(f"{len(summary['claims']) - len(failed)} of {len(summary['claims'])} claims reproduced "
+          f"in direction; summary in {out / 'summary.json'}")
+    return 0
+
+
 def cmd_validate_sim(args: argparse.Namespace) -> int:
     from timelyllm_ros.policies import resolve_policy_names
     from timelyllm_ros.validate_sim import COMPARED, validate
@@ -486,6 +507,16 @@ def build_parser() -> argparse.ArgumentParser:
                                '"ranking_same": bool, ...}')
     validate.add_argument('--quiet', action='store_true', help='no progress on stderr')
     validate.set_defaults(func=cmd_validate_sim)
+
+    repro = sub.add_parser('reproduce',
+                           help="the paper's figures, tables and claims, ours beside the paper's")
+    repro.add_argument('--out', default='reproduce-out', help='output directory')
+    repro.add_argument('--calibration', default=None,
+                       help="latency model (default: the paper's setup, "
+                            'llama3-8b-fp16_rtx4090_vllm054)')
+    repro.add_argument('--seed', type=int, default=0, help='seeds arrivals and robots')
+    repro.add_argument('--quiet', action='store_true', help='no progress bar')
+    repro.set_defaults(func=cmd_reproduce)
 
     workloads = sub.add_parser('workloads', help='list the bundled workloads')
     workloads.set_defaults(func=cmd_workloads)
