@@ -161,7 +161,6 @@ class CostModel(Protocol):
 
 
 ResumeModel = Literal['kept_kv', 'new_request_prefix_cache']
-RESUME_MODELS: tuple[ResumeModel, ...] = ('kept_kv', 'new_request_prefix_cache')
 
 
 class EngineBehaviour(BaseModel):
@@ -191,7 +190,6 @@ class EngineBehaviour(BaseModel):
     resume_overhead_ms: float = Field(default=0.0, ge=0)  # host cost of re-admitting one
                                         # resumed generation as a new request (re-tokenizing,
                                         # hashing its blocks, scheduling), in its iteration
-
 
 
 class Engine(ABC):

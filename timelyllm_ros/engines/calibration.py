@@ -17,7 +17,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from timelyllm_ros.engines.base import RESUME_MODELS, EngineBehaviour, ResumeModel
+from timelyllm_ros.engines.base import EngineBehaviour, ResumeModel
 from timelyllm_ros.errors import EngineError
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / 'data' / 'calibration'
@@ -54,8 +54,9 @@ class DecodeCurve(_Curve):
 SCHEMA_VERSION = 2
 """The calibration schema this package writes (1: no ``engine`` section)."""
 
-__all__ = ['RESUME_MODELS', 'Calibration', 'EngineBehaviour', 'ResumeModel', 'load_calibration',
+__all__ = ['Calibration', 'EngineBehaviour', 'ResumeModel', 'load_calibration',
            'piecewise_linear']
+
 
 class Calibration(BaseModel):
     """Prefill and decode latency, KV capacity, swap bandwidth and engine behaviour of one

@@ -2,7 +2,7 @@
 
 Each :meth:`SimulatedEngine.step` is one engine iteration whose duration comes from the
 calibration: the model's latency plus the engine's fixed cost per iteration
-(:class:`~timelyllm_ros.engines.calibration.EngineBehaviour`). Without a prefill token budget
+(:class:`~timelyllm_ros.engines.base.EngineBehaviour`). Without a prefill token budget
 (vLLM 0.5), an iteration either prefills the newly admitted generations (stalling the decode
 of the others) or decodes one token for every running generation; with one (chunked
 prefill, vLLM v1), an iteration decodes every running generation and prefills pending
@@ -168,25 +168,30 @@ class SimulatedEngine(Engine):
         location = self.kv.location(request_id)
         tokens = self.kv.tokens(request_id)
         cal = self.calibration
-        if location == 'none':
-            request = self._generations[request_id].request
-            new = self._prefill_tokens(request_id)
-            cached = (self._shared_tokens(request)
-                      if request.prefix_id in self._cached_prefixes else 0)
-            return cal.prefill_s(new) + cal.context_prefill_s(new, cached)
         if location == 'host':
             return cal.swap_in_s(tokens)
-        if request_id in self._running or not self._generations[request_id].started:
+        if request_id in self._running:
             return 0.0
-        tail = self._resume_tail(request_id)
-        if not tail:
+        new, context = self._join_prefill(request_id, location == 'none')
+        if not new:
             return 0.0
-        return (cal.prefill_s(tail) + cal.resume_overhead_s
-                + cal.context_prefill_s(tail, self._attended_tokens(request_id) - tail))
+        resume = cal.resume_overhead_s if location != 'none' else 0.0
+        return cal.prefill_s(new) + cal.context_prefill_s(new, context) + resume
 
-    def _resume_tail(self, request_id: str) -> int:
-        """Tokens a resume of this kept generation recomputes (0 with ``kept_kv``)."""
-        return self.calibration.resume_tail_tokens(self._attended_tokens(request_id))
+    def _join_prefill(self, request_id: str, dropped: bool) -> tuple[int, int]:
+        """(tokens to prefill, tokens already in the KV before them) if the generation joined
+        the batch now: its whole context but a cached prompt prefix when its KV was dropped
+        (or never built); else, kept, nothing, or a new-request resume's uncached tail."""
+        generation = self._generations[request_id]
+        if dropped:
+            request = generation.request
+            hit = request.prefix_id in self._cached_prefixes
+            return self._prefill_tokens(request_id), self._shared_tokens(request) if hit else 0
+        if not generation.started:
+            return 0, 0
+        context = self._attended_tokens(request_id)
+        tail = self.calibration.resume_tail_tokens(context)
+        return tail, context - tail
 
     def run(self, request_id: str) -> None:
         generation = self._get(request_id)
@@ -199,11 +204,10 @@ class SimulatedEngine(Engine):
         request = generation.request
         shared = self._shared_tokens(request)
         if before == 'none':
-            generation.prefill_tokens = self._prefill_tokens(request_id)
-            generation.prefill_context = 0
+            generation.prefill_tokens, generation.prefill_context = self._join_prefill(
+                request_id, dropped=True)
             if shared:
                 hit = request.prefix_id in self._cached_prefixes
-                generation.prefill_context = shared if hit else 0
                 self.prefix_hits += hit
                 self.prefix_misses += not hit
                 self._cached_prefixes.add(request.prefix_id)  # type: ignore[arg-type]
@@ -213,9 +217,8 @@ class SimulatedEngine(Engine):
                 generation.swap_in_tokens = tokens
                 self._pending_cached += tokens + shared
             else:
-                tail = self._resume_tail(request_id) if generation.started else 0
+                tail, generation.prefill_context = self._join_prefill(request_id, dropped=False)
                 generation.prefill_tokens = tail
-                generation.prefill_context = self._attended_tokens(request_id) - tail
                 generation.resuming = tail > 0
                 self.resumes += generation.started
                 self.resume_tokens += tail
