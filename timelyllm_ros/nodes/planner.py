@@ -69,6 +69,7 @@ class PlannerNode(LifecycleNode):
         self.add_on_set_parameters_callback(_refuse_bad_parameters)
         for name, default, descriptor in PARAMETERS:
             self.declare_parameter(name, default, descriptor)
+        self.node_clock = NodeClock(self)           # the service's time and every stamp sent
         self.service: PlannerService | None = None
         self.action_server: ActionServer | None = None
         self._group = ReentrantCallbackGroup()
@@ -95,7 +96,7 @@ class PlannerNode(LifecycleNode):
                 calibration=param('calibration').value or None,
                 max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
                 profiles_dir=param('profiles_dir').value or None,
-                grammar=param('grammar').value, clock=NodeClock(self))
+                grammar=param('grammar').value, clock=self.node_clock)
         except TimelyError as err:
             self.get_logger().fatal(f'the planner cannot be configured: {err}')
             return TransitionCallbackReturn.FAILURE
@@ -137,13 +138,8 @@ class PlannerNode(LifecycleNode):
     def on_deactivate(self, state: State) -> TransitionCallbackReturn:
         """Stop accepting goals; drain the active ones (or abort them, ``deactivate_mode``),
         then withdraw the action server."""
-        self._accepting = False
-        self._end_active_goals(self.get_parameter('deactivate_mode').value,
-                               self.get_parameter('drain_timeout_s').value)
-        time.sleep(RESULT_FLUSH_S)
-        if self.action_server is not None:
-            self.action_server.destroy()
-            self.action_server = None
+        self._withdraw(self.get_parameter('deactivate_mode').value,
+                       self.get_parameter('drain_timeout_s').value)
         self.get_logger().info('planner inactive: not accepting goals')
         return super().on_deactivate(state)
 
@@ -154,20 +150,34 @@ class PlannerNode(LifecycleNode):
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: State) -> TransitionCallbackReturn:
-        self._accepting = False
         if self.action_server is not None:
-            self._end_active_goals('abort', 0.0)
-            self.action_server.destroy()
-            self.action_server = None
+            self._withdraw('abort', 0.0)
         self._release()
         return TransitionCallbackReturn.SUCCESS
+
+    def _withdraw(self, mode: str, timeout_s: float) -> None:
+        """Stop accepting goals, end the active ones (:meth:`_end_active_goals`), and take
+        the action server down once their results went out."""
+        self._accepting = False
+        self._end_active_goals(mode, timeout_s)
+        time.sleep(RESULT_FLUSH_S)
+        if self.action_server is not None:
+            self.action_server.destroy()
+            self.action_server = None
 
     def _release(self) -> None:
         for destroy, entity in self._interfaces:
             destroy(entity)
         self._interfaces = []
+        self._stop_service()
+
+    def _stop_service(self) -> None:
+        """Stop the service (it fails the goals still active: "the planner service
+        stopped"), let their callbacks return, then free the engine and the model."""
+        self._accepting = False
         if self.service is not None:
             self.service.stop()
+            self._wait_goals_ended(ABORT_WAIT_S)
             self.service.scheduler.engine.close()
             self.service = None
 
@@ -241,13 +251,10 @@ class PlannerNode(LifecycleNode):
                                   f'{reason}')
         if self._interfaces:
             self.rejections_pub.publish(convert.rejection_to_msg(
-                PlanRejection, Time, self._now(), goal.robot_id, goal.task_id, reason))
+                PlanRejection, Time, self.node_clock.now(), goal.robot_id, goal.task_id, reason))
         goal_handle.abort()
         return PlanTask.Result(success=False, error=convert.REJECTED_PREFIX + reason,
                                response_time_s=-1.0, waiting_time_s=-1.0)
-
-    def _now(self) -> float:
-        return float(self.get_clock().now().nanoseconds) * 1e-9
 
     def _stream(self, goal_handle, task_id: str,  # type: ignore[no-untyped-def]
                 events: _GoalEvents) -> PlanTask.Result:
@@ -301,21 +308,16 @@ class PlannerNode(LifecycleNode):
             self._reported_failure = True
             self.get_logger().error(f'planner service failed, refusing goals: {state.error}')
         self.state_pub.publish(SchedulerState(
-            stamp=convert.stamp(self._now(), Time), queued=state.queued,
+            stamp=convert.stamp(self.node_clock.now(), Time), queued=state.queued,
             running=state.running, batch_size=state.last_batch_size,
             executing=state.executing, active_goals=self._active,
             status=state.status if self._accepting else 'inactive', error=state.error,
             goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
 
     def destroy_node(self) -> None:
-        """End every active goal (the service fails them: "the planner service stopped") and
-        let their callbacks return before the node's handles go."""
-        self._accepting = False
-        if self.service is not None:
-            self.service.stop()
-            self._wait_goals_ended(ABORT_WAIT_S)
-            self.service.scheduler.engine.close()
-            self.service = None
+        """End every active goal and let its callback return before the node's handles
+        go."""
+        self._stop_service()
         super().destroy_node()
 
     def _wait_goals_ended(self, timeout_s: float) -> None:
