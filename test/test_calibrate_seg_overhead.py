@@ -61,6 +61,20 @@ def test_seg_overhead_on_the_simulator() -> None:
         assert row['engine_overhead_ms'] == 0.0
 
 
+def test_seg_overhead_from_a_cold_prompt_cache_adds_the_prompt_prefill_to_both_runs() -> None:
+    """The paper's protocol: each run prefills its whole prompt; the overhead itself stays."""
+    from timelyllm_ros.engines.sim import SimulatedEngine
+
+    calibration = load_calibration('llama3-8b-fp16_rtx4090_vllm054')
+    warm = segmentation_overhead(SimulatedEngine(calibration), [6])['6']
+    cold = segmentation_overhead(SimulatedEngine(calibration), [6], prompt_cache='cold')['6']
+    assert cold['overhead_ms'] == pytest.approx(warm['overhead_ms'], abs=0.01)
+    added = cold['whole_ms'] - warm['whole_ms']      # type: ignore[operator]
+    assert added == pytest.approx(cold['segmented_ms'] - warm['segmented_ms'], abs=0.01)
+    assert added > 100.0           # most of the 1331-token prompt is the cacheable prefix
+    assert cold['overhead_pct'] < warm['overhead_pct']  # type: ignore[operator]
+
+
 def test_seg_overhead_command_prints_the_contract(capsys) -> None:
     assert main(['seg-overhead', '--engine', 'sim', '--traces', '1,2', '--repeats', '1',
                  '--json']) == 0

@@ -182,6 +182,26 @@ def test_prefix_shared_across_requests_of_a_kind(reference: tuple[int, ...]) -> 
     engine.close()
 
 
+def test_reset_prefix_cache_makes_the_next_request_prefill_its_whole_prompt(
+        reference: tuple[int, ...]) -> None:
+    engine = _engine()
+    engine.register(_request('first', prefix_id='tello'))
+    engine.run('first')
+    prompt = engine.step().prefill_tokens
+    while engine.running:
+        engine.step()
+    engine.release('first')
+    engine.reset_prefix_cache()
+    engine.register(_request('second', prefix_id='tello'))
+    engine.run('second')
+    cold = engine.step()
+    assert (cold.prefill_tokens, cold.prefix_cached_tokens) == (prompt, 0)
+    while engine.running:
+        engine.step()
+    assert engine.token_ids('second') == reference
+    engine.close()
+
+
 def test_prompts_of_a_kind_joining_together_share_the_first_ones_prefix(
         reference: tuple[int, ...]) -> None:
     engine = _engine()

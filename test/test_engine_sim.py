@@ -270,6 +270,10 @@ def test_prefix_caching() -> None:
     assert (engine.prefix_hits, engine.prefix_misses) == (1, 1)
     result = engine.step()
     assert result.prefill_tokens == 150 and result.duration_s == CAL.prefill_s(150)
+    # after a reset the next request of the prefix prefills its whole prompt again
+    engine.reset_prefix_cache()
+    engine.register(_request('p3', prompt_tokens=1000, prefix_id='tello', prefix_tokens=900))
+    assert engine.run_cost_s('p3') == CAL.prefill_s(1000)
 
 
 def test_prefix_caching_off() -> None:

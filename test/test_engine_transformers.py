@@ -213,6 +213,10 @@ def test_prefix_cache_serves_the_shared_prompt_prefix() -> None:
     assert second.prefill_tokens == len(engine.tokenizer.encode(prefix + 'Task: down\nPlan:')) \
         - shared
     assert engine.prefix_hit_tokens == shared
+    engine.reset_prefix_cache()
+    engine.register(_request('c', prefix + 'Task: left\nPlan:', 4, prefix_id='tello'))
+    engine.run('c')
+    assert engine.step().prefix_cached_tokens == 0       # a cold start after the reset
 
 
 def test_kv_budget_gates_admission_and_batch_cap() -> None:

@@ -102,6 +102,15 @@ def test_resume_is_identical_and_served_from_the_prefix_cache(engine: VllmEngine
     assert len(joins) == 4 and all(r.prefill_tokens < engine.block_size for r in joins[1:])
 
 
+def test_reset_prefix_cache_gives_a_cold_prompt(engine: VllmEngine) -> None:
+    _generate(engine, 'warm-up', 'check the shelf', max_tokens=2)
+    _, _, warm = _generate(engine, 'warm', 'check the shelf', max_tokens=2)
+    assert warm[0].prefix_cached_tokens > 0
+    engine.reset_prefix_cache()
+    _, _, cold = _generate(engine, 'cold', 'check the shelf', max_tokens=2)
+    assert cold[0].prefix_cached_tokens == 0
+
+
 def test_forced_script_and_concurrent_generations(engine: VllmEngine) -> None:
     script = ('mf', '(', '50', ');', 'tc', '(', '90', ')')
     engine.force_script = True

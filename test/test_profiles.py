@@ -18,7 +18,7 @@ from timelyllm_ros.profiles import (
     load_profile_file,
 )
 
-BUNDLED = ['chatbot', 'indy7', 'tello']
+BUNDLED = ['chatbot', 'chatbot_paragraph', 'indy7', 'tello']
 
 
 def _valid_literal(arg: SkillArg) -> str:

@@ -188,6 +188,37 @@ def test_max_tpe_above_agents() -> None:
         generate_tasks(spec, 0)
 
 
+def test_story_workloads_serve_the_same_stories_by_sentence_and_by_paragraph() -> None:
+    from timelyllm_ros.profiles import load_profile
+    from timelyllm_ros.segmenter import Segmenter
+
+    _, sentences = resolve_workload('story', seed=3)
+    _, paragraphs = resolve_workload('story-para', seed=3)
+    assert [t.script for t in sentences] == [t.script for t in paragraphs]
+    assert {t.profile for t in sentences} == {'chatbot'}
+    assert {t.profile for t in paragraphs} == {'chatbot_paragraph'}
+    story = paragraphs[0].script
+    cut = {}
+    for name in ('chatbot', 'chatbot_paragraph'):
+        segmenter = Segmenter(load_profile(name))
+        cut[name] = sum(segmenter.feed(piece) is not None for piece in story)
+    # every paragraph of a story ends in a sentence: more sentence cuts than paragraph cuts
+    assert 2 <= cut['chatbot_paragraph'] < cut['chatbot']
+
+
+def test_profile_override_must_name_a_profile_of_the_traces_kind() -> None:
+    spec = WorkloadSpec(name='x', eps=1, max_tpe=1, trace_ids=[1], agents=1, duration_s=10,
+                        profile='chatbot_paragraph')
+    with pytest.raises(WorkloadError, match="profile 'chatbot_paragraph' is a chatbot, trace 1 "
+                                            'is for a drone'):
+        generate_tasks(spec, 0)
+    with pytest.raises(WorkloadError, match='profile'):
+        generate_tasks(spec.model_copy(update={'profile': 'nosuchrobot'}), 0)
+    with pytest.raises(ValueError, match='profile'):
+        WorkloadSpec(name='x', eps=1, max_tpe=1, trace_ids=[1], agents=1, duration_s=10,
+                     profile='../tello')
+
+
 def test_unknown_trace_id() -> None:
     spec = WorkloadSpec(name='x', eps=1, max_tpe=1, trace_ids=[99], agents=1, duration_s=10)
     with pytest.raises(WorkloadError, match='unknown trace id 99'):

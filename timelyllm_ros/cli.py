@@ -288,14 +288,25 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from timelyllm_ros.reproduce import PAPER_CALIBRATION, reproduce
 
     out = Path(args.out)
-    with tqdm(total=9, desc='reproduce', unit='experiment', disable=args.quiet,
+    real_engine = None
+    if args.engine != 'sim':
+        def real_engine() -> Engine:      # --calibration is the simulator's, not this engine's
+            from timelyllm_ros.engines import create_engine
+            return create_engine(args.engine, **_engine_option_values(args))
+    with tqdm(desc='reproduce', unit='experiment', disable=args.quiet,
               file=sys.stderr) as bar:
-        def progress(label: str) -> None:
+        started: list[str] = []
+
+        def progress(label: str, total: int) -> None:
+            bar.total = total
+            if started:                   # the previous experiment is done
+                bar.update(1)
+            started.append(label)
             bar.set_postfix_str(label)
-            bar.update(1)
 
         summary = reproduce(out, args.calibration or PAPER_CALIBRATION, seed=args.seed,
-                            progress=progress)
+                            progress=progress, real_engine=real_engine)
+        bar.update(1)
     print((out / 'claims.md').read_text(encoding='utf-8'), end='')
     failed = [n for n, c in summary['claims'].items() if not c['direction_ok']]
     print(f"{len(summary['claims']) - len(failed)} of {len(summary['claims'])} claims reproduced "
@@ -344,7 +355,8 @@ def cmd_seg_overhead(args: argparse.Namespace) -> int:
             print(f'seg-overhead: {label}', file=sys.stderr, flush=True)
 
     results = segmentation_overhead(engine, trace_ids, repeats=args.repeats,
-                                    max_tokens=args.max_tokens, progress=progress)
+                                    max_tokens=args.max_tokens, progress=progress,
+                                    prompt_cache=args.prompt_cache)
     if args.json:
         keys = None if args.details else _SEG_KEYS
         print(json.dumps({'traces': {t: {k: v for k, v in r.items() if keys is None or k in keys}
@@ -367,15 +379,18 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 
     for spec in BUILTIN_WORKLOADS.values():
         print(f'{spec.name:14} {spec.description} (EPS {spec.eps}, max TPE {spec.max_tpe}, '
-              f'traces {spec.trace_ids}, {spec.agents} agents, {spec.duration_s:g} s)')
+              f'traces {spec.trace_ids}, {spec.agents} agents, {spec.duration_s:g} s'
+              f'{f", profile {spec.profile}" if spec.profile else ""})')
     for name, path in AUTHORS_WORKLOADS.items():
         print(f"{name:14} the TimelyLLM authors' workload {path.name} (CC BY 4.0)")
     return 0
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    from timelyllm_ros.workloads import workload_names
+
     parser.add_argument('--workload', default='wid1',
-                        help='wid1|wid2|wid3|chat|authors-drone|authors-arm (default wid1)')
+                        help=f'{"|".join(workload_names())} (default wid1)')
     parser.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
     parser.add_argument('--compose', help='programmable composition, e.g. "(1,2),8,9"')
     parser.add_argument('--seed', type=int, default=0, help='seeds arrivals and robots')
@@ -489,6 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help='measured pairs of runs per trace (medians)')
     seg.add_argument('--max-tokens', type=int, default=None,
                      help="generation limit (default: the robot profile's)")
+    seg.add_argument('--prompt-cache', choices=('warm', 'cold'), default='warm',
+                     help="warm: the robot's prompt prefix stays cached between runs (a serving "
+                          'engine); cold: every run prefills its whole prompt (separate runs, '
+                          "as the paper's Table 4)")
     seg.add_argument('--json', action='store_true',
                      help='print {"traces": {ID: {overhead_ms, overhead_pct, prefix_reuse, '
                           'identical}}}')
@@ -509,8 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=cmd_validate_sim)
 
     repro = sub.add_parser('reproduce',
-                           help="the paper's figures, tables and claims, ours beside the paper's")
+                           help="the paper's figures, tables and claims, ours beside the paper's",
+                           description='Every experiment runs on the simulator; with --engine '
+                                       'cpu|transformers|vllm Table 4 is measured on that '
+                                       'engine too.')
     repro.add_argument('--out', default='reproduce-out', help='output directory')
+    _add_engine_args(repro, default_force=False)
     repro.add_argument('--calibration', default=None,
                        help="latency model (default: the paper's setup, "
                             'llama3-8b-fp16_rtx4090_vllm054)')

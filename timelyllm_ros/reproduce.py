@@ -3,8 +3,10 @@
 :func:`reproduce` runs, on one calibration (the paper's setup by default,
 ``llama3-8b-fp16_rtx4090_vllm054``), the experiments behind Fig. 5 (WID1/WID2 utility,
 response and waiting per task type), Fig. 7 (fixed batch sizes on WID2), Fig. 8 (segmented
-FCFS / EDF / TimelyLLM), Fig. 9 (WID3, robot arms), Fig. 10 (chatbot, sentence segments),
-Table 4 (segmentation overhead per trace) and Table 5 (scheduling overhead with 1–8 queued).
+FCFS / EDF / TimelyLLM), Fig. 9 (WID3, robot arms), Fig. 10 (story chatbot, sentence and
+paragraph segments), Table 4 (segmentation overhead per trace, each run from a cold prompt
+cache as the paper's separate runs; on the simulator with its modelled resume cost, and on a
+real engine when one is given) and Table 5 (scheduling overhead with 1–8 queued).
 Each experiment writes its bench output (summary.json, tasks.csv, figures) under its own
 folder; every claim of the paper it checks goes to ``summary.json`` as ``{"paper": x, "ours":
 y, "direction_ok": bool}`` and to ``claims.md`` as a table.
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.bench import EngineOptions, run_bench, scheduling_overhead
+from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.plots import grouped_bars
@@ -31,6 +34,7 @@ PAPER_TABLE4_MS = {1: 13.7, 2: 24.1, 3: 19.9, 4: 19.9, 5: 16.0, 6: 13.1, 7: 14.4
 PAPER_TABLE4_PCT = {1: 3.0, 2: 2.6, 3: 5.6, 4: 2.8, 5: 3.2, 6: 3.7, 7: 4.1, 8: 4.2}
 PAPER_TABLE5_MS = {1: 0.58, 2: 0.83, 4: 1.25, 6: 1.58, 8: 2.03}
 SWEEP_SIZES = (1, 2, 4, 6, 8)
+TABLE4_KEYS = ('overhead_ms', 'overhead_pct', 'whole_ms', 'segmented_ms', 'resumes')
 
 Claim = dict[str, Any]
 
@@ -44,7 +48,9 @@ def _pct_of_max(summary: Mapping[str, Any], policy: str, task_class: str) -> flo
     return 100.0 * float(row['utility_mean']) / float(row['utility_max'])
 
 
-def _experiments(out: Path, calibration: str, seed: int) -> list[tuple[str, Callable[[], Any]]]:
+def _experiments(out: Path, calibration: str, seed: int,
+                 real_engine: Callable[[], Engine] | None
+                 ) -> list[tuple[str, Callable[[], Any]]]:
     engine = EngineOptions(calibration=calibration)
 
     def bench(name: str, workload: str, policies: tuple[str, ...],
@@ -58,23 +64,33 @@ def _experiments(out: Path, calibration: str, seed: int) -> list[tuple[str, Call
 
     def table4() -> Any:
         return segmentation_overhead(SimulatedEngine(load_calibration(calibration)),
-                                     list(PAPER_TABLE4_MS))
+                                     list(PAPER_TABLE4_MS), prompt_cache='cold')
+
+    def table4_real() -> Any:
+        assert real_engine is not None
+        with real_engine() as measured:
+            return segmentation_overhead(measured, list(PAPER_TABLE4_MS), repeats=3,
+                                         prompt_cache='cold')
 
     def table5() -> Any:
         return {q: scheduling_overhead(q) * 1000.0 for q in PAPER_TABLE5_MS}
 
     fixed = SchedulerConfig(batch_mode='fixed')
-    return [
+    experiments = [
         ('fig5_wid1', bench('fig5_wid1', 'wid1', ('vllm', 'vllm-stream', 'timelyllm'))),
         ('fig5_wid1_fixed', bench('fig5_wid1_fixed', 'wid1', ('timelyllm',), fixed)),
         ('fig5_wid2', bench('fig5_wid2', 'wid2', ('vllm', 'timelyllm'))),
         ('fig7_wid2', bench('fig7_wid2', 'wid2', ('vllm', 'timelyllm'), sizes=SWEEP_SIZES)),
         ('fig8_wid1', bench('fig8_wid1', 'wid1', ('seg-fcfs', 'seg-edf', 'timelyllm'))),
         ('fig9_wid3', bench('fig9_wid3', 'wid3', ('vllm', 'vllm-stream', 'timelyllm'))),
-        ('fig10_chat', bench('fig10_chat', 'chat', ('vllm', 'timelyllm'))),
+        ('fig10_sentence', bench('fig10_sentence', 'story', ('vllm', 'timelyllm'))),
+        ('fig10_paragraph', bench('fig10_paragraph', 'story-para', ('timelyllm',))),
         ('table4', table4),
         ('table5', table5),
     ]
+    if real_engine is not None:
+        experiments.append(('table4_real', table4_real))
+    return experiments
 
 
 def claims_of(results: Mapping[str, Any]) -> dict[str, Claim]:
@@ -113,15 +129,26 @@ def claims_of(results: Mapping[str, Any]) -> dict[str, Claim]:
     claims['fig9_wid3_utility_vllm_below_stream_below_timelyllm'] = _claim(
         True, {p: round(v, 3) for p, v in utilities.items()},
         utilities['vllm'] <= utilities['vllm-stream'] <= utilities['timelyllm'])
-    chat = {p: results['fig10_chat']['policies'][p]['overall']['utility_mean']
-            for p in ('vllm', 'timelyllm')}
-    claims['fig10_chat_sentence_segments_over_vllm'] = _claim(
-        'TimelyLLM-Sen above vLLM', {p: round(v, 3) for p, v in chat.items()},
-        chat['timelyllm'] > chat['vllm'])
-    table4 = results['table4']
-    pct = {int(t): round(float(r['overhead_pct']), 2) for t, r in table4.items()}
-    claims['table4_segmentation_overhead_pct_below_6'] = _claim(
-        PAPER_TABLE4_PCT, pct, max(pct.values()) < 6.0)
+    story = {name: results[experiment]['policies'][policy]['overall']
+             for name, experiment, policy in (('vllm', 'fig10_sentence', 'vllm'),
+                                              ('timelyllm_para', 'fig10_paragraph', 'timelyllm'),
+                                              ('timelyllm_sen', 'fig10_sentence', 'timelyllm'))}
+    utility = {name: row['utility_mean'] for name, row in story.items()}
+    claims['fig10_story_utility_sentence_over_paragraph_over_vllm'] = _claim(
+        'TimelyLLM-Sen > TimelyLLM-Para > vLLM', {n: round(v, 3) for n, v in utility.items()},
+        utility['timelyllm_sen'] > utility['timelyllm_para'] > utility['vllm'])
+    delay = {name: row['response_time_mean_s'] for name, row in story.items()}
+    claims['fig10_story_delay_sentence_below_paragraph_below_vllm'] = _claim(
+        'TimelyLLM-Sen < TimelyLLM-Para < vLLM (up to 96 % less than vLLM)',
+        {n: round(v, 3) for n, v in delay.items()},
+        delay['timelyllm_sen'] < delay['timelyllm_para'] < delay['vllm'])
+    for experiment, suffix in (('table4', ''), ('table4_real', '_real_engine')):
+        if experiment not in results:
+            continue
+        pct = {int(t): round(float(r['overhead_pct']), 2)
+               for t, r in results[experiment].items()}
+        claims[f'table4_segmentation_overhead_pct_below_6{suffix}'] = _claim(
+            PAPER_TABLE4_PCT, pct, max(pct.values()) < 6.0)
     table5 = {q: round(ms, 3) for q, ms in results['table5'].items()}
     claims['table5_scheduling_overhead_ms_at_8_queued'] = _claim(
         PAPER_TABLE5_MS[8], table5[8], table5[8] <= PAPER_TABLE5_MS[8])
@@ -137,28 +164,34 @@ def _claims_table(claims: Mapping[str, Claim]) -> str:
 
 
 def reproduce(out: Path, calibration: str = PAPER_CALIBRATION, seed: int = 0,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[str, int], None] | None = None,
+              real_engine: Callable[[], Engine] | None = None) -> dict[str, Any]:
     """Run every experiment into ``out``; write summary.json, claims.md and the tables'
-    figures; return the summary (``{"calibration", "claims": {NAME: claim}}``)."""
+    figures; return the summary (``{"calibration", "claims": {NAME: claim}}``).
+
+    ``progress`` is called before each experiment with its name and how many there are;
+    ``real_engine`` makes the engine on which Table 4 is measured again (closed after)."""
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
-    for name, run in _experiments(out, calibration, seed):
+    experiments = _experiments(out, calibration, seed, real_engine)
+    for name, run in experiments:
         if progress:
-            progress(name)
+            progress(name, len(experiments))
         results[name] = run()
     claims = claims_of(results)
+    table4 = {label: {str(t): {k: r[k] for k in TABLE4_KEYS} for t, r in results[name].items()}
+              for label, name in (('sim', 'table4'), ('real_engine', 'table4_real'))
+              if name in results}
     grouped_bars(out / 'table4_overhead_pct.png', {
         'paper': {str(t): {'overhead_pct': v} for t, v in PAPER_TABLE4_PCT.items()},
-        'ours': {str(t): {'overhead_pct': float(r['overhead_pct'])}
-                 for t, r in results['table4'].items()}},
+        **{f'ours ({label})': rows for label, rows in table4.items()}},
         'overhead_pct', 'Table 4: segmentation overhead per trace (%)')
     grouped_bars(out / 'table5_scheduling_ms.png', {
         'paper': {str(q): {'ms': v} for q, v in PAPER_TABLE5_MS.items()},
         'ours': {str(q): {'ms': v} for q, v in results['table5'].items()}},
         'ms', 'Table 5: scheduling overhead (ms) by queued tasks')
     summary = {'calibration': calibration, 'seed': seed, 'claims': claims,
-               'table4': {str(t): {k: r[k] for k in ('overhead_ms', 'overhead_pct')}
-                          for t, r in results['table4'].items()},
+               'table4': table4,
                'table5_ms': {str(q): v for q, v in results['table5'].items()}}
     (out / 'summary.json').write_text(json.dumps(summary, indent=2) + '\n')
     (out / 'claims.md').write_text(_claims_table(claims))

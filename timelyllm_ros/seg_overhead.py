@@ -10,8 +10,12 @@ instead of recomputing them (``StepResult.prefix_cached_tokens`` against
 ``StepResult.prefill_tokens`` of the iteration after each resume); ``identical`` says whether
 the segmented output token ids equal the unsegmented ones.
 
-A warm-up run of each prompt comes first, so both measured runs start from the same prefix
-cache; with ``repeats`` > 1 the two runs alternate and the medians are compared.
+A warm-up run of each prompt comes first; with ``repeats`` > 1 the two runs alternate and the
+medians are compared. Both measured runs start from the same prompt cache: ``warm`` (the
+warm-up left the robot's prompt prefix cached, as in a serving engine) or ``cold`` (the engine
+forgets its prefixes before each run, so every run prefills its whole prompt, as the paper's
+separate test runs did: Table 4's totals, e.g. 354 ms for trace 6, hold a full 1331-token
+prefill).
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from timelyllm_ros.engines.base import Engine, EngineRequest
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.segmenter import Segmenter
+
+PromptCache = Literal['warm', 'cold']
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +124,7 @@ def segmentation_overhead(
     repeats: int = 1,
     max_tokens: int | None = None,
     progress: Callable[[str], None] | None = None,
+    prompt_cache: PromptCache = 'warm',
 ) -> dict[str, dict[str, object]]:
     """Per trace: overhead_ms, overhead_pct, prefix_reuse, identical (and details).
 
@@ -126,6 +134,8 @@ def segmentation_overhead(
         repeats: measured pairs of runs per trace (medians are compared).
         max_tokens: generation limit (default: the robot profile's).
         progress: called with a label before each trace.
+        prompt_cache: ``warm`` (the prompt prefix stays cached between runs) or ``cold``
+            (:meth:`~timelyllm_ros.engines.base.Engine.reset_prefix_cache` before each run).
 
     Raises:
         WorkloadError: unknown trace id.
@@ -150,6 +160,8 @@ def segmentation_overhead(
         for i in range(max(1, repeats)):
             order = (False, True) if i % 2 == 0 else (True, False)
             for segmented in order:
+                if prompt_cache == 'cold':
+                    engine.reset_prefix_cache()
                 run = generate(engine, request(f'{"seg" if segmented else "whole"}{i}'),
                                profile, segmented)
                 (cut if segmented else whole).append(run)

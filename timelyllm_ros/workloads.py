@@ -16,7 +16,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from timelyllm_ros.errors import TufError, WorkloadError
+from timelyllm_ros.errors import ProfileError, TufError, WorkloadError
+from timelyllm_ros.profiles import check_profile_name, load_profile
 from timelyllm_ros.request import TaskSpec
 from timelyllm_ros.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
 from timelyllm_ros.tuf import Tuf, tuf_for_class
@@ -69,12 +70,25 @@ class WorkloadSpec(BaseModel):
     agents: int = Field(ge=1, description='Number of robots (agents).')
     duration_s: float = Field(gt=0)
     composition: str | None = None
+    profile: str | None = Field(
+        default=None, description="Robot profile serving every task instead of its trace's "
+                                  '(same kind), e.g. chatbot_paragraph.')
 
     @field_validator('composition')
     @classmethod
     def _composition(cls, value: str | None) -> str | None:
         if value is not None:
             parse_composition(value)
+        return value
+
+    @field_validator('profile')
+    @classmethod
+    def _profile(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_profile_name(value)
+            except ProfileError as err:
+                raise ValueError(str(err)) from None
         return value
 
 
@@ -91,6 +105,13 @@ BUILTIN_WORKLOADS: dict[str, WorkloadSpec] = {
     'chat': WorkloadSpec(name='chat', description='chatbot answers read at 300 wpm',
                          eps=0.25, max_tpe=8, trace_ids=[12, 13, 14], agents=25,
                          duration_s=260),
+    'story': WorkloadSpec(name='story', description='Fig. 10: stories, a sentence a segment',
+                          eps=0.25, max_tpe=8, trace_ids=[15, 16, 17], agents=25,
+                          duration_s=260),
+    'story-para': WorkloadSpec(name='story-para',
+                               description='Fig. 10: stories, a paragraph a segment',
+                               eps=0.25, max_tpe=8, trace_ids=[15, 16, 17], agents=25,
+                               duration_s=260, profile='chatbot_paragraph'),
 }
 
 
@@ -104,13 +125,15 @@ def _tuf_of(task_class: str) -> Tuf:
 
 def _task(index: int, trace_id: int, agent: int, arrival: float, traces: TraceSet,
           tuf: Tuf | None = None, task_text: str | None = None,
-          skill_times: tuple[tuple[str, float], ...] | None = None) -> TaskSpec:
+          skill_times: tuple[tuple[str, float], ...] | None = None,
+          profile: str | None = None) -> TaskSpec:
     trace = traces.get(trace_id)
     text = task_text or trace.task
     # The task line plus its "Task: … Plan:" frame; the rest of the prompt is the fixed prefix.
     task_tokens = min(len(approx_tokenize(text)) + 4, trace.prompt_tokens)
     return TaskSpec(
-        task_id=f'task-{index:04d}', robot_id=f'{trace.robot}-{agent:02d}', profile=trace.robot,
+        task_id=f'task-{index:04d}', robot_id=f'{trace.robot}-{agent:02d}',
+        profile=profile or trace.robot,
         task_class=trace.task_class, task_type=trace.task_type,
         tuf=tuf if tuf is not None else _tuf_of(trace.task_class), arrival_time=arrival,
         task=text, prompt_tokens=trace.prompt_tokens, task_tokens=task_tokens,
@@ -127,6 +150,8 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
         traces.get(trace_id)
     if spec.max_tpe > spec.agents:
         raise WorkloadError(f'{spec.name}: max_tpe {spec.max_tpe} > agents {spec.agents}')
+    if spec.profile is not None:
+        _check_profile_override(spec, traces)
     groups = parse_composition(spec.composition) if spec.composition else None
     rng = np.random.default_rng(seed)
     tasks: list[TaskSpec] = []
@@ -145,9 +170,24 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
             chosen = [int(t) for t in rng.choice(spec.trace_ids, size=count)]
         agents = rng.choice(spec.agents, size=len(chosen), replace=False)
         for trace_id, agent in zip(chosen, agents, strict=True):
-            tasks.append(_task(len(tasks), trace_id, int(agent), now, traces))
+            tasks.append(_task(len(tasks), trace_id, int(agent), now, traces,
+                               profile=spec.profile))
         event += 1
     return tasks
+
+
+def _check_profile_override(spec: WorkloadSpec, traces: TraceSet) -> None:
+    """The override must name a profile of the same robot kind as each trace's own."""
+    assert spec.profile is not None
+    try:
+        kind = load_profile(spec.profile).kind
+        for trace_id in spec.trace_ids:
+            own = load_profile(traces.get(trace_id).robot).kind
+            if own != kind:
+                raise WorkloadError(f'{spec.name}: profile {spec.profile!r} is a {kind}, '
+                                    f'trace {trace_id} is for a {own}')
+    except ProfileError as err:
+        raise WorkloadError(f'{spec.name}: profile: {err}') from None
 
 
 def load_workload_spec(path: str | Path) -> WorkloadSpec:

@@ -271,6 +271,13 @@ class Engine(ABC):
         """Tokens per KV block: the granularity of memory and of prefix-cache hits."""
         return 16
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the prompt prefixes kept for later requests, so that the next request
+        prefills its whole prompt: a cold start, as when each run is its own process (the
+        paper's Table 4 protocol). Generations still registered keep their own KV
+        (default: no prefix cache, nothing to forget)."""
+        return
+
     # -- life cycle -------------------------------------------------------------------------
     def warmup(self) -> None:
         """Run the first-call allocations now, so that they stay out of measured runs."""

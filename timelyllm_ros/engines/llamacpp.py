@@ -671,6 +671,12 @@ class LlamaCppEngine(Engine):
         generation.cached = generation.shared = 0
         generation.location = 'none'
 
+    def reset_prefix_cache(self) -> None:
+        while self._prefixes:
+            self._drop_prefix()
+        for generation in self._generations.values():
+            generation.shared = 0        # the cells it copied from a prefix are its own now
+
     def _drop_prefix(self) -> None:
         prefix_id = min(self._prefixes, key=lambda p: self._prefixes[p].used_at)
         prefix = self._prefixes.pop(prefix_id)

@@ -129,6 +129,9 @@ class SimulatedEngine(Engine):
     def kv_accounting(self) -> KvAccounting:
         return self.kv
 
+    def reset_prefix_cache(self) -> None:
+        self._cached_prefixes.clear()
+
     def cost_model(self) -> CostModel:
         return self.calibration
 

@@ -624,6 +624,9 @@ class TransformersEngine(Engine):
         own = sum(g.cached for g in self._generations.values() if g.location == 'device')
         return own + sum(len(ids) for ids, _ in self._prefixes.values())
 
+    def reset_prefix_cache(self) -> None:
+        self._prefixes.clear()
+
     def warmup(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), steps: int = 3) -> None:
         """Run a few decode iterations per batch size (compiles and captures CUDA graphs for
         the compiled static path; fills the decode-time estimates otherwise)."""

@@ -511,6 +511,11 @@ class VllmEngine(Engine):
     def kv_block_size(self) -> int:
         return self.block_size
 
+    def reset_prefix_cache(self) -> None:
+        """vLLM resets its prefix cache only when no block is in use: a refusal raises."""
+        if self.llm.reset_prefix_cache() is False:
+            raise EngineError('vLLM did not reset its prefix cache: KV blocks are in use')
+
     def stats(self) -> EngineStats:
         """vLLM v1 preempts by recomputation and never swaps to host memory: no swap figures."""
         return EngineStats(model=self.model_name, hardware=self.hardware, steps=self.steps,
