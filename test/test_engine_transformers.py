@@ -219,6 +219,21 @@ def test_prefix_cache_serves_the_shared_prompt_prefix() -> None:
     assert engine.step().prefix_cached_tokens == 0       # a cold start after the reset
 
 
+def test_prompts_of_a_kind_joining_together_share_the_first_ones_prefix() -> None:
+    engine = _tiny()
+    prefix = 'You fly a drone. Skills: mf, tc, u, d.\n\n'
+    lead, follow = prefix + 'Task: up\nPlan:', prefix + 'Task: down\nPlan:'
+    engine.register(_request('lead', lead, 4, prefix_id='tello'))
+    engine.register(_request('follow', follow, 4, prefix_id='tello'))
+    engine.run('lead')
+    engine.run('follow')
+    first = engine.step()               # both join in one iteration: the second reuses the first
+    shared = len(engine.tokenizer.encode(prefix + 'Task: '))
+    assert first.prefix_cached_tokens == shared
+    assert first.prefill_tokens == (len(engine.tokenizer.encode(lead))
+                                    + len(engine.tokenizer.encode(follow)) - shared)
+
+
 def test_kv_budget_gates_admission_and_batch_cap() -> None:
     engine = _tiny(kv_budget_tokens=80, max_num_seqs=2)
     for i in range(3):

@@ -570,8 +570,16 @@ class TransformersEngine(Engine):
                       if generations[r].location == 'none' or generations[r].pending > 1]
         with torch.inference_mode():
             if prefilling:
-                prefill_tokens = sum(generations[r].pending for r in prefilling)
-                produced = {r: self._prefill(generations[r]) for r in prefilling}
+                prefill_tokens = 0
+                produced = {}
+                for request_id in prefilling:
+                    generation = generations[request_id]
+                    if (self.prefix_caching and generation.location == 'none'
+                            and not generation.output_ids):
+                        # the first prompt of its kind in this iteration may have left it
+                        self._reuse_prefix(generation)
+                    prefill_tokens += generation.pending
+                    produced[request_id] = self._prefill(generation)
                 batch_size = len(self._running)
             else:
                 prefill_tokens = 0

@@ -231,6 +231,9 @@ class VllmEngine(Engine):
                 tokenizer's chat template, when it has one.
             engine_kwargs: further ``vllm.EngineArgs`` fields.
         """
+        # vLLM logs to stdout by default, which is the commands' output (--json): before the
+        # import, which configures its logger
+        os.environ.setdefault('VLLM_LOGGING_STREAM', 'ext://sys.stderr')
         try:
             import vllm
             from vllm import EngineArgs, LLMEngine, SamplingParams
