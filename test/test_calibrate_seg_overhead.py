@@ -106,13 +106,14 @@ def test_calibration_recovers_the_engine_behaviour_and_keeps_the_fixed_cost_apar
         'prefill_ms_per_context_token': 0.0002,
         'engine': load_calibration().engine.model_copy(update={
             'iteration_overhead_ms': 4.0, 'resume': 'new_request_prefix_cache',
-            'max_joins_per_iteration': 1})})
+            'max_joins_per_iteration': 1, 'batch_change_ms_per_token': 0.01})})
     calibration = measure(SimulatedEngine(truth), 'Llama3-8B fp16', 'sim',
                           lengths=(16, 256, 1024), batch_sizes=(1, 2, 4), steps=3, repeats=1)
     assert calibration.schema_version == 2
     assert calibration.engine.iteration_overhead_ms == pytest.approx(4.0, abs=1e-3)
     assert calibration.engine.resume == 'new_request_prefix_cache'
     assert calibration.engine.max_joins_per_iteration == 1
+    assert calibration.engine.batch_change_ms_per_token == pytest.approx(0.01, rel=0.05)
     assert (calibration.block_size, calibration.max_num_seqs) == (32, 8)
     assert calibration.prefill_ms_per_context_token == pytest.approx(0.0002, rel=0.05)
     for tokens, ms in zip(calibration.prefill_ms.tokens, calibration.prefill_ms.ms,
@@ -120,6 +121,7 @@ def test_calibration_recovers_the_engine_behaviour_and_keeps_the_fixed_cost_apar
         assert ms == pytest.approx(truth.prefill_s(tokens) * 1000, rel=1e-3)
     assert 'measured' in calibration.provenance['engine.iteration_overhead_ms']
     assert 'declared' in calibration.provenance['engine.resume']
+    assert 'measured' in calibration.provenance['engine.batch_change_ms_per_token']
 
 
 def test_seg_overhead_on_the_simulator_charges_vllm_resumes() -> None:

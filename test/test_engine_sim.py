@@ -276,6 +276,23 @@ def test_prefix_caching() -> None:
     assert engine.run_cost_s('p3') == CAL.prefill_s(1000)
 
 
+def test_a_decode_whose_members_changed_pays_the_batch_change_once() -> None:
+    """The transformers engine restacks its batch's KV when the members change: the first
+    decode of a new batch costs that much more, per KV token at the widest context."""
+    cal = CAL.model_copy(update={'engine': CAL.engine.model_copy(
+        update={'batch_change_ms_per_token': 0.01})})
+    engine = SimulatedEngine(cal)
+    for rid in ('a', 'b'):
+        engine.register(_request(rid, prompt_tokens=500, max_tokens=8, script=('x',) * 8))
+        engine.run(rid)
+    engine.step()                                    # the prefill
+    first, second = engine.step(), engine.step()
+    assert first.duration_s - second.duration_s == pytest.approx(2 * 501 * 0.01e-3, rel=0.01)
+    engine.pause('b')
+    alone = engine.step()                            # members changed again: charged again
+    assert alone.duration_s > engine.step().duration_s
+
+
 def test_prefix_caching_off() -> None:
     engine = SimulatedEngine(prefix_caching=False)
     for rid in ('p1', 'p2'):

@@ -22,6 +22,7 @@ import os
 import platform
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -106,9 +107,25 @@ def measure_prefill(engine: Engine, lengths: Sequence[int] = PREFILL_TOKENS,
     return sorted(merged.items())
 
 
+@dataclass(frozen=True, slots=True)
+class DecodePoint:
+    """Decode iterations of one batch, measured."""
+
+    batch: int
+    median_ms: float           # a decode iteration of the same members as the one before
+    first_ms: float            # the first decode of these members (the batch just changed)
+    context: int               # mean context tokens of a member
+
+    @property
+    def change_ms_per_token(self) -> float:
+        """The first decode's extra time per KV token of the batch (restacking it)."""
+        return max(0.0, self.first_ms - self.median_ms) / max(1, self.context * self.batch)
+
+
 def measure_decode(engine: Engine, batch: int, context_words: int,
-                   steps: int = 8) -> tuple[float, int]:
-    """(median ms of a decode iteration of ``batch`` generations, mean context tokens)."""
+                   steps: int = 8) -> DecodePoint:
+    """Decode iterations of ``batch`` generations: the first one after they joined, and the
+    median of the ``steps`` after it."""
     probe = _Probe(engine, steps + 4)
     ids = [probe.request(context_words, steps + 4) for _ in range(batch)]
     context = 0
@@ -117,7 +134,7 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
             engine.run(request_id)
         samples: list[float] = []
         guard = 0
-        while len(samples) < steps and engine.running and guard < steps * 4 + len(ids) * 4:
+        while len(samples) <= steps and engine.running and guard < steps * 4 + len(ids) * 4:
             guard += 1
             result = engine.step()
             if result.prefill_tokens:
@@ -125,12 +142,13 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
                 continue
             if result.batch_size == batch:
                 samples.append(result.duration_s * 1000.0)
-        if not samples:
+        if len(samples) < 2:
             raise EngineError(f'no decode iteration at batch {batch} could be measured')
     finally:
         for request_id in ids:
             engine.release(request_id)
-    return statistics.median(samples), (context // batch if context else context_words)
+    mean_context = context // batch if context else context_words
+    return DecodePoint(batch, statistics.median(samples[1:]), samples[0], mean_context)
 
 
 def measure_context_prefill(engine: Engine, fresh_ms: Callable[[int], float],
@@ -224,15 +242,21 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     say('prefill')
     prefill = measure_prefill(engine, lengths, repeats)
     decode: list[tuple[int, float]] = []
+    changes: list[float] = []
     reference = 0
     for batch in sorted({min(b, engine.max_num_seqs) for b in batch_sizes}):
         say(f'decode batch {batch}')
-        ms, context = measure_decode(engine, batch, context_words, steps)
-        decode.append((batch, ms))
+        point = measure_decode(engine, batch, context_words, steps)
+        decode.append((batch, point.median_ms))
+        changes.append(point.change_ms_per_token)
         if batch == 1:
-            reference = context
+            reference = point.context
     say('decode long context')
-    long_ms, long_context = measure_decode(engine, 1, long_context_words, steps)
+    long_point = measure_decode(engine, 1, long_context_words, steps)
+    long_ms, long_context = long_point.median_ms, long_point.context
+    # Charged only where every batch size shows it: a first decode slower by noise alone
+    # does not repeat at each point.
+    change = min(changes)
     say('iteration overhead')
     overhead = measure_iteration_overhead(engine, context_words, steps * 2)
     say('swap')
@@ -255,7 +279,9 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         engine, lambda tokens: piecewise_linear(tokens, [t for t, _ in prefill], points_ms),
         fixed,
         prefix_words=context_words * 2, suffix_words=64)
-    behaviour = engine.behaviour().model_copy(update={'iteration_overhead_ms': round(fixed, 3)})
+    behaviour = engine.behaviour().model_copy(update={
+        'iteration_overhead_ms': round(fixed, 3),
+        'batch_change_ms_per_token': round(change, 6)})
     date = datetime.date.today().isoformat()
     hardware = hardware or hardware_label()
     source = (f'Measured by `timelyllm calibrate` on {date}: engine {engine_name}, model {model}, '
@@ -297,6 +323,10 @@ def measure(engine: Engine, model: str, engine_name: str, *,
                 'in the forward pass' if overhead is not None else
                 'not separable: the engine does not time its forward pass apart, so the '
                 'fixed cost stays inside the measured curves'),
+            'engine.batch_change_ms_per_token': (
+                f'measured, {date}: the first decode of a batch that just formed less the '
+                'median of the next ones, per KV token of the batch; the smallest over the '
+                'batch sizes'),
             'engine.resume': declared, 'engine.prefill_token_budget': declared,
             'engine.max_joins_per_iteration': declared,
             'block_size': declared, 'max_num_seqs': declared,

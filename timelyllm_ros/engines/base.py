@@ -190,6 +190,10 @@ class EngineBehaviour(BaseModel):
     resume_overhead_ms: float = Field(default=0.0, ge=0)  # host cost of re-admitting one
                                         # resumed generation as a new request (re-tokenizing,
                                         # hashing its blocks, scheduling), in its iteration
+    batch_change_ms_per_token: float = Field(default=0.0, ge=0)  # host cost of a decode whose
+                                        # members changed since the last decode, per KV token
+                                        # of its batch (the transformers engine restacks them
+                                        # into one padded cache)
 
 
 class Engine(ABC):

@@ -110,6 +110,7 @@ class SimulatedEngine(Engine):
         self.resume_tokens = 0      # ... tokens they recomputed (new-request resume model)
         self._joins = 0
         self._pending_cached = 0   # prompt tokens of generations joined since the last step
+        self._decode_members: frozenset[str] = frozenset()   # who the last decode ran
                                    # that were not recomputed (kept, swapped in, cached prefix)
 
     # -- Engine interface ------------------------------------------------------------------
@@ -296,6 +297,8 @@ class SimulatedEngine(Engine):
             duration, new_tokens, producing, batch_size = self._chunked(
                 prefilling, set(pending), only, cal.engine.prefill_token_budget)
         self.model_s += duration
+        if not new_tokens and producing:
+            duration += self._batch_change_s(producing)
         readmitted = [r for r in prefilling if generations[r].resuming]
         for r in readmitted:
             generations[r].resuming = False
@@ -334,6 +337,17 @@ class SimulatedEngine(Engine):
             preempted=tuple(preempted),
             prefill_tokens=new_tokens, prefix_cached_tokens=cached, batch_size=batch_size,
         )
+
+    def _batch_change_s(self, producing: list[str]) -> float:
+        """What a decode costs beyond the model when its members changed since the last one:
+        each member's KV restacked to the batch's longest context."""
+        members = frozenset(producing)
+        if members == self._decode_members:
+            return 0.0
+        self._decode_members = members
+        widest = max(self._attended_tokens(r) for r in producing)
+        return (self.calibration.engine.batch_change_ms_per_token * len(producing) * widest
+                / 1000.0)
 
     def _whole_prefill_or_decode(self, prefilling: list[str], only: Collection[str] | None
                                  ) -> tuple[float, int, list[str], int]:
