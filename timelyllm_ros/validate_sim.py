@@ -32,6 +32,11 @@ COMPARED = ('response', 'waiting', 'completion')
 """Per-task times compared (``TaskMetrics`` fields ``<name>_time_s``)."""
 
 
+def _engine_prompt_tokens(spec: TaskSpec, count_tokens: Callable[[str], int]) -> int:
+    """The task's whole prompt (its profile's preamble and the task) in the engine's tokens."""
+    return count_tokens(load_profile(spec.profile).build_prompt(spec.task))
+
+
 def sim_twin(spec: TaskSpec, real: Generation, count_tokens: Callable[[str], int] | None
              ) -> TaskSpec:
     """The task as the simulator should replay it: the real engine's output, one piece per
@@ -39,8 +44,7 @@ def sim_twin(spec: TaskSpec, real: Generation, count_tokens: Callable[[str], int
     twin = replace(spec, script=tuple(real.pieces) or spec.script)
     if count_tokens is None:
         return twin
-    profile = load_profile(spec.profile)
-    prompt = max(2, count_tokens(profile.build_prompt(spec.task)))
+    prompt = max(2, _engine_prompt_tokens(spec, count_tokens))
     task = min(prompt - 1, max(1, count_tokens(spec.task)))
     return replace(twin, prompt_tokens=prompt, task_tokens=task)
 
@@ -51,8 +55,7 @@ def _typical_prompt_tokens(tasks: Sequence[TaskSpec],
     the engine cannot count)."""
     if count_tokens is None:
         return int(statistics.median(t.prompt_tokens for t in tasks))
-    return int(statistics.median(
-        count_tokens(load_profile(t.profile).build_prompt(t.task)) for t in tasks))
+    return int(statistics.median(_engine_prompt_tokens(t, count_tokens) for t in tasks))
 
 
 def median_abs_rel_error(real: Sequence[float], sim: Sequence[float]) -> float | None:
