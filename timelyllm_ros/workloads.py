@@ -150,8 +150,7 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
         traces.get(trace_id)
     if spec.max_tpe > spec.agents:
         raise WorkloadError(f'{spec.name}: max_tpe {spec.max_tpe} > agents {spec.agents}')
-    if spec.profile is not None:
-        _check_profile_override(spec, traces)
+    _check_profile_override(spec, traces)
     groups = parse_composition(spec.composition) if spec.composition else None
     rng = np.random.default_rng(seed)
     tasks: list[TaskSpec] = []
@@ -177,8 +176,9 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
 
 
 def _check_profile_override(spec: WorkloadSpec, traces: TraceSet) -> None:
-    """The override must name a profile of the same robot kind as each trace's own."""
-    assert spec.profile is not None
+    """The override, if any, must name a profile of the same robot kind as each trace's own."""
+    if spec.profile is None:
+        return
     try:
         kind = load_profile(spec.profile).kind
         for trace_id in spec.trace_ids:

@@ -110,8 +110,8 @@ class SimulatedEngine(Engine):
         self.resume_tokens = 0      # ... tokens they recomputed (new-request resume model)
         self._joins = 0
         self._pending_cached = 0   # prompt tokens of generations joined since the last step
-        self._decode_members: frozenset[str] = frozenset()   # who the last decode ran
                                    # that were not recomputed (kept, swapped in, cached prefix)
+        self._decode_members: frozenset[str] = frozenset()   # who the last decode ran
 
     # -- Engine interface ------------------------------------------------------------------
     def stats(self) -> EngineStats:
