@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from timelyllm_ros.errors import ProfileError
 from timelyllm_ros.exec_time import (
+    MIN_SKILL_S,
     ConstantTime,
     ExecTimeModel,
     ParametricTime,
@@ -15,7 +20,7 @@ from timelyllm_ros.exec_time import (
     fit_parametric,
     fit_sampled,
 )
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.profiles import PROFILES_DIR, load_profile, load_profile_file
 
 RNG_SEEDS = range(5)
 
@@ -152,13 +157,13 @@ def test_sampled_validation():
         SampledTime(samples=[1.0], uniform=(1.0, 2.0))
     with pytest.raises(ValidationError, match='exactly one of samples or uniform'):
         SampledTime()
-    with pytest.raises(ValidationError, match='non-negative'):
+    with pytest.raises(ValidationError, match='sample -0.5 s is shorter than 0.001 s'):
         SampledTime(samples=[1.0, -0.5])
     with pytest.raises(ValidationError, match='non-empty'):
         SampledTime(samples=[])
     with pytest.raises(ValidationError, match='low <= high'):
         SampledTime(uniform=(3.0, 1.0))
-    with pytest.raises(ValidationError, match='low <= high'):
+    with pytest.raises(ValidationError, match='low -1 s is shorter than 0.001 s'):
         SampledTime(uniform=(-1.0, 1.0))
 
 
@@ -237,5 +242,76 @@ def test_fit_sampled_keeps_samples():
     assert model.min_s({}) == pytest.approx(1.5275)
     with pytest.raises(ValueError, match='no samples'):
         fit_sampled([], source='bench')
-    with pytest.raises(ValidationError, match='non-negative'):
+    with pytest.raises(ValidationError, match='shorter than 0.001 s'):
         fit_sampled([1.0, -2.0], source='bench')
+
+
+# --- models that make no sense are refused when loaded ------------------------------------------
+
+
+def _hand_edited(tmp_path: Path, short: str, exec_time: dict[str, object]) -> Path:
+    """The bundled tello profile with one skill's model replaced, as a hand-edited file."""
+    data = yaml.safe_load((PROFILES_DIR / 'tello.yaml').read_text(encoding='utf-8'))
+    (skill,) = [s for s in data['skills'] if s['short'] == short]
+    skill['exec_time'] = exec_time
+    path = tmp_path / 'edited.yaml'
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding='utf-8')
+    return path
+
+
+@pytest.mark.parametrize('short, exec_time, problem', [
+    # durations that fall with the distance: mf(450) would be planned as 0 s
+    ('mf', {'kind': 'parametric', 'argument': 'distance', 'coefficients': [4.0, -0.01]},
+     'negative slope'),
+    # a cubic that rises, then falls past 3 m
+    ('mu', {'kind': 'parametric', 'argument': 'distance',
+            'coefficients': [1.0, 0.02, 0.0, -2e-7]}, 'negative slope'),
+    # a line through 0 s at 10 cm: mf(5) would take no time
+    ('mf', {'kind': 'parametric', 'argument': 'distance', 'coefficients': [-0.1, 0.01]},
+     '0 s for distance up to 10'),
+    ('mf', {'kind': 'parametric', 'argument': 'distance', 'coefficients': [0.0]},
+     '0 s for every distance'),
+    ('mf', {'kind': 'parametric', 'argument': 'distance', 'coefficients': [float('nan'), 1.0]},
+     'finite number'),
+    ('to', {'kind': 'constant', 'seconds': 0.0}, 'shorter than 0.001 s'),
+    ('to', {'kind': 'constant', 'seconds': 1e-300}, 'shorter than 0.001 s'),
+    ('to', {'kind': 'constant', 'seconds': float('inf')}, 'finite number'),
+    ('s', {'kind': 'sampled', 'samples': [1.5, 0.0, 3.0]}, 'shorter than 0.001 s'),
+    ('s', {'kind': 'sampled', 'uniform': [0.0, 3.0]}, 'shorter than 0.001 s'),
+])
+def test_a_hand_edited_model_that_makes_no_sense_is_refused_naming_the_skill(
+        tmp_path, short, exec_time, problem):
+    path = _hand_edited(tmp_path, short, exec_time)
+    with pytest.raises(ProfileError) as info:
+        load_profile_file(path)
+    message = str(info.value)
+    name = load_profile('tello').skill(short).name
+    assert f'({name}).exec_time' in message, message
+    assert problem in message, message
+
+
+@pytest.mark.parametrize('exec_time', [
+    {'kind': 'parametric', 'argument': 'distance', 'coefficients': [-1.0, 0.01],
+     'floor_s': 0.2},                                   # the floor keeps it positive
+    {'kind': 'parametric', 'argument': 'distance', 'coefficients': [0.0, 0.01]},   # 0 at 0 cm
+    {'kind': 'parametric', 'argument': 'distance', 'coefficients': [1.5, 0.0]},    # flat
+    {'kind': 'parametric', 'argument': 'distance', 'coefficients': [3.0, -0.01],
+     'floor_s': 3.0},                                   # falls only below its floor
+    {'kind': 'constant', 'seconds': MIN_SKILL_S},
+])
+def test_models_that_never_fall_below_zero_load(tmp_path, exec_time):
+    assert load_profile_file(_hand_edited(tmp_path, 'mf', exec_time)).skill('mf')
+
+
+def test_the_bundled_models_pass_the_checks():
+    # The vertical moves are cubic with a negative square term, yet rise everywhere.
+    up = load_profile('tello').skill('mu').exec_time
+    assert isinstance(up, ParametricTime) and up.coefficients[2] < 0
+    times = [up.mean_s({'distance': x}) for x in range(0, 2001, 10)]
+    assert times == sorted(times)
+    assert load_profile('indy7').skills
+
+
+def test_fit_parametric_refuses_a_falling_fit():
+    with pytest.raises(ValueError, match='negative slope'):
+        fit_parametric([20, 100, 500], [5.0, 4.0, 1.0], argument='distance', source='s')
