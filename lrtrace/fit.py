@@ -9,6 +9,25 @@ current model has:
 * ``sampled``    -- the recorded durations become the distribution;
 * ``constant``   -- the mean.
 
+Timings that make no sense are never written as a model (the models drive the report deadline
+of the next segment, and the loader refuses them anyway, see :mod:`timelyllm_ros.exec_time`):
+
+* a duration shorter than :data:`~timelyllm_ros.exec_time.MIN_SKILL_S` (1 ms) is not a
+  measurement of a skill (a zero-length record, a time scale that shrinks it to nothing): it
+  is dropped, and counted (``invalid_samples``); a skill left without samples keeps its model;
+* a parametric skill recorded at too few distinct argument values for its degree keeps its
+  model (one value says nothing about how the time grows with it);
+* a linear fit whose slope is negative: when the fall is significant (Student's t at 95 %,
+  and more than 1 ms over the recorded range) the durations contradict the physics of a
+  motion (the recording is broken: motions that ended early, mixed robots) and the skill
+  keeps its model; when it is not, the slope is clamped to 0 and the intercept is the mean,
+  which is the least-squares line among those that never fall;
+* a polynomial of higher degree that falls somewhere keeps the skill's model;
+* a fit that gives less than 1 ms for small arguments gets ``floor_s`` = 1 ms.
+
+Each decision is said in the report (a skill's ``note``, or ``skipped`` with ``kept``), in
+the fitted model's ``source`` and in the written profile's provenance.
+
 The report gives, per fitted skill, the model, the number of samples and ``rel_error``: the
 mean over the recorded calls of ``|fitted − reference| / reference``, both evaluated (mean
 estimate) at that call's arguments, against a reference. The reference is, in this order: the
@@ -43,11 +62,13 @@ from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
 from timelyllm_ros.errors import ProfileError, TraceFormatError
 from timelyllm_ros.exec_time import (
+    MIN_SKILL_S,
     ExecTimeModel,
     ParametricTime,
+    falling_interval,
     fit_constant,
-    fit_parametric,
     fit_sampled,
+    parametric_problem,
 )
 from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
 from timelyllm_ros.segmenter import segment_text
@@ -79,6 +100,7 @@ class FitReport:
     skipped: dict[str, str] = field(default_factory=dict)   # skill or call -> why
     reference: str = ''      # what rel_error compares with
     seconds: str = ''        # the unit of the fitted models (real-robot seconds)
+    invalid_samples: dict[str, int] = field(default_factory=dict)  # skill -> durations dropped
 
     @property
     def samples(self) -> int:
@@ -88,8 +110,9 @@ class FitReport:
         """``{"skills": {SKILL: {"model": {...}, "rel_error": x, "samples": n}}}``.
 
         Also ``profile``, ``bags``, ``reference`` (what ``rel_error`` compares with),
-        ``seconds`` (the models' unit and the time scales undone) and ``skipped`` (skill or
-        call → why: calls left out here, skills the profiling run did not profile).
+        ``seconds`` (the models' unit and the time scales undone), ``skipped`` (skill or
+        call → why: calls left out here, skills the profiling run did not profile, fits
+        refused) and ``invalid_samples`` (skill → durations shorter than 1 ms dropped).
         """
         return {
             'profile': self.profile,
@@ -100,6 +123,7 @@ class FitReport:
                               **({'note': f.note} if f.note else {})}
                        for name, f in self.skills.items()},
             'skipped': self.skipped,
+            'invalid_samples': self.invalid_samples,
         }
 
 
@@ -242,6 +266,82 @@ def _rel_error(fitted: Any, reference: Any, samples: list[Sample]) -> float | No
     return float(np.mean(errors)) if errors else None
 
 
+def _count(n: int, what: str) -> str:
+    return f'{n} {what}' + ('' if n == 1 else 's')
+
+
+# Two-sided 95 % quantiles of Student's t by degrees of freedom; between two rows the smaller
+# dof is used (a larger quantile: a fall is called significant a little less readily).
+_T95 = ((1, 12.71), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365),
+        (8, 2.306), (9, 2.262), (10, 2.228), (12, 2.179), (15, 2.131), (20, 2.086),
+        (30, 2.042), (60, 2.000), (120, 1.980))
+
+
+def _t95(dof: int) -> float:
+    return next(t for d, t in reversed(_T95) if d <= dof)
+
+
+def _falls_significantly(xs: list[float], seconds: list[float], coefficients: list[float]
+                         ) -> tuple[bool, str]:
+    """Whether a line's negative slope is real: t below -t95 and more than 1 ms of fall over
+    the recorded range. Returns the verdict and the figures that decided it."""
+    x, y = np.asarray(xs), np.asarray(seconds)
+    intercept, slope = coefficients
+    fall_s = -slope * float(x.max() - x.min())
+    if fall_s <= MIN_SKILL_S:
+        return False, f'{fall_s * 1000:.2g} ms of fall over the recorded range'
+    if len(x) < 3:
+        return False, f'{len(x)} samples leave no residual to judge by'
+    residuals = y - (intercept + slope * x)
+    sxx = float(((x - x.mean()) ** 2).sum())
+    se = math.sqrt(float((residuals ** 2).sum()) / (len(x) - 2) / sxx)
+    t = slope / se if se > 0 else -math.inf
+    figures = (f't = {t:.3g} over {len(x)} samples, {fall_s:.3g} s of fall over the recorded '
+               'range')
+    return t < -_t95(len(x) - 2), figures
+
+
+def _fit_parametric(current: ParametricTime, data: list[Sample], source: str,
+                    notes: list[str]) -> ParametricTime | str:
+    """A parametric model of the same argument and degree, or why none (the skill keeps
+    its model). Clamps and floors are appended to ``notes``."""
+    degree = len(current.coefficients) - 1
+    argument = current.argument
+    xs = [_x(current, args) for args, _ in data]
+    seconds = [s for _, s in data]
+    distinct = len(set(xs))
+    if distinct <= degree:
+        return f'{_count(distinct, f"distinct {argument} value")} cannot fit degree {degree}'
+    polyfit = np.polynomial.polynomial.polyfit
+    fit = polyfit(np.abs(xs), seconds, degree)  # type: ignore[no-untyped-call]  # unannotated
+    coefficients = [float(c) for c in fit]
+    floor_s = current.floor_s
+    if degree == 1 and coefficients[1] < 0:
+        significant, figures = _falls_significantly(xs, seconds, coefficients)
+        if significant:
+            return (f'durations fall as {argument} grows (negative slope '
+                    f'{coefficients[1]:.3g} s per unit, {figures}): not a duration model')
+        notes.append(f'negative slope {coefficients[1]:.3g} clamped to 0 (not significant: '
+                     f'{figures}): the mean')
+        coefficients = [float(np.mean(seconds)), 0.0]
+    elif falling_interval(coefficients, floor_s) is not None:
+        problem = parametric_problem(coefficients, floor_s, argument)
+        return f'the fitted degree-{degree} polynomial makes no sense: {problem}'
+    # The prediction never falls above the floor, so its smallest value is at 0.
+    if max(floor_s, coefficients[0]) < MIN_SKILL_S:
+        floor_s = MIN_SKILL_S
+        notes.append(f'floored at 1 ms: the fit gives less for small {argument}')
+    try:
+        return ParametricTime(argument=argument, coefficients=coefficients, floor_s=floor_s,
+                              source=_source(source, notes))
+    except ValueError as err:  # what the loader would refuse is not written either
+        return f'the fit makes no sense: {err}'
+
+
+def _source(source: str, notes: list[str]) -> str:
+    return source + (f' ({"; ".join(notes)})' if notes else '')
+
+
 def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | str | Path,
                 reference: RobotProfile | str | Path | None = None
                 ) -> tuple[RobotProfile, FitReport]:
@@ -286,37 +386,52 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
             f' (recorded durations / time_scale {", ".join(f"{s:g}" for s in scales)})'
             if scales != [1.0] else '')))
     skills = []
+    kept: dict[str, str] = {}      # skill -> why its timings were not fitted
     for skill in base.skills:
-        data = samples.get(skill.name)
-        if not data:
+        recorded_data = samples.get(skill.name)
+        if not recorded_data:
             skills.append(skill)
             continue
-        seconds = [s for _, s in data]
+        data = [(args, s) for args, s in recorded_data if s >= MIN_SKILL_S]
+        dropped = len(recorded_data) - len(data)
+        notes = [f'{_count(dropped, "sample")} shorter than 1 ms dropped'] if dropped else []
+        if dropped:
+            report.invalid_samples[skill.name] = dropped
         current = skill.exec_time
-        source = f'fitted by lrtrace fit from {origin}, {len(data)} samples'
-        if isinstance(current, ParametricTime):
-            degree = len(current.coefficients) - 1
-            xs = [_x(current, args) for args, _ in data]
-            if len(set(xs)) <= degree:
-                report.skipped[skill.name] = (f'{len(set(xs))} distinct {current.argument} '
-                                              f'values cannot fit degree {degree}; kept')
-                skills.append(skill)
-                continue
-            fitted: Any = fit_parametric(xs, seconds, current.argument, source, degree=degree)
-            fitted = fitted.model_copy(update={'floor_s': current.floor_s})
+        source = f'fitted by lrtrace fit from {origin}, {_count(len(data), "sample")}'
+        seconds = [s for _, s in data]
+        fitted: Any
+        if not data:
+            fitted = (f'all {_count(dropped, "sample")} shorter than 1 ms (not durations of '
+                      'a skill)')
+        elif isinstance(current, ParametricTime):
+            fitted = _fit_parametric(current, data, source, notes)
         elif current.kind == 'sampled':
-            fitted = fit_sampled(seconds, source)
+            fitted = fit_sampled(seconds, _source(source, notes))
         else:
-            fitted = fit_constant(seconds, source)
+            fitted = fit_constant(seconds, _source(source, notes))
+        if isinstance(fitted, str):
+            kept[skill.name] = report.skipped[skill.name] = f'{fitted}; kept'
+            skills.append(skill)
+            continue
         reference_model = recorded.get(skill.name) or (
             ref.skill(skill.name).exec_time if skill.name in ref.skill_index else current)
         report.skills[skill.name] = SkillFit(
             skill=skill.name, model=fitted.model_dump(mode='json', exclude_none=True),
-            samples=len(data), rel_error=_rel_error(fitted, reference_model, data))
+            samples=len(data), rel_error=_rel_error(fitted, reference_model, data),
+            note='; '.join(notes))
         skills.append(skill.model_copy(update={'exec_time': fitted}))
     fitted_names = ', '.join(report.skills)
     provenance = (f'{fitted_names} fitted by lrtrace fit from {origin}, {report.samples} '
-                  f'samples in all.')
+                  f'samples in all.' if report.skills else
+                  f'No skill fitted by lrtrace fit from {origin}.')
+    adjusted = [f'{name}: {f.note}' for name, f in report.skills.items() if f.note]
+    if adjusted:
+        provenance += f' Adjusted: {"; ".join(adjusted)}.'
+    if kept:
+        provenance += (' Not fitted, kept as before: '
+                       + '; '.join(f'{name}: {why.removesuffix("; kept")}'
+                                   for name, why in kept.items()) + '.')
     if len(report.skills) < len(base.skills):
         provenance += f' Other skills as before: {base.exec_time_provenance}'
     fields = base.model_dump(mode='json', exclude_none=True)
