@@ -124,6 +124,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         for row in [header, *rows]:
             print('  '.join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
                   + '  ' + row[3])
+        for name, fit in report.skills.items():
+            if fit.note:     # what was clamped, floored or dropped to fit it
+                print(f'note {name}: {fit.note}')
         for name, why in report.skipped.items():
             print(f'skipped {name}: {why}')
     if args.out:
