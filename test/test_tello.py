@@ -276,6 +276,137 @@ def test_djitellopy_receiver_survives_a_dead_emulator(tello, emulator, backend):
     assert _receiver_alive()
 
 
+# --- hostile datagrams (issue 31, item 8) -------------------------------------------------------
+# The drone and the hostile sender are both on 127.0.0.1: the hostile socket has the drone's IP
+# and another port, which is what djitellopy used to route by.
+
+@pytest.fixture
+def local_drone(tello: RobotProfile, state_port: int
+                ) -> Iterator[Callable[..., tuple[TelloEmulator, object]]]:
+    """An emulator on 127.0.0.1 and a connected, flying backend driving it."""
+    pytest.importorskip('djitellopy')
+    from timelyllm_ros.robots.tello import TelloBackend
+
+    opened: list[tuple[TelloEmulator, TelloBackend]] = []
+
+    def make(time_scale: float = FAST, **kwargs: object) -> tuple[TelloEmulator, TelloBackend]:
+        emu = TelloEmulator('127.0.0.1', 0, state_port, time_scale=time_scale).start()
+        kwargs.setdefault('command_timeout_s', 1.0)
+        kwargs.setdefault('motion_timeout_factor', 0.0)
+        drone = TelloBackend(tello, '127.0.0.1', control_port=emu.port, state_port=state_port,
+                             **kwargs)  # type: ignore[arg-type]
+        opened.append((emu, drone))
+        drone.connect()
+        assert run_plan(SkillExecutor(drone, WallClock()), tello, 'to()')[0].success
+        assert wait_for(lambda: drone.state().get('h') == 100), drone.state()
+        return emu, drone
+
+    yield make
+    for emu, drone in opened:
+        drone.close()
+        emu.stop()
+
+
+def _hostile(data: bytes, port: int) -> None:
+    """Send one datagram to a local port from a socket of the drone's IP and another port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        sock.sendto(data, ('127.0.0.1', port))
+
+
+def _reply_port() -> int:
+    """The port the backend's commands leave from (and replies come back to)."""
+    import sys
+
+    return int(sys.modules['djitellopy.tello'].client_socket.getsockname()[1])
+
+
+def test_a_non_ascii_state_datagram_does_not_freeze_the_state(tello, state_port, local_drone):
+    _, drone = local_drone()
+    _hostile(b'\xff\xfeh:999;bat:\x80\r\n', state_port)
+    executor = SkillExecutor(drone, WallClock())
+    assert run_plan(executor, tello, 'mu(50)')[0].success
+    # djitellopy's state thread died on the decode error: h stayed 100 for good.
+    assert wait_for(lambda: drone.state().get('h') == 150), drone.state()
+    assert drone.dropped().get('state datagram not ASCII', 0) >= 1
+
+
+def test_garbage_state_lines_are_dropped_not_taken_as_state(tello, state_port, local_drone):
+    emu, drone = local_drone()
+    for garbage in (b'h:999;bat:1;', b'pitch:0;roll:0;yaw:0;vgx:0;vg', b'ok', b'h:abc;' * 30,
+                    b'x' * 5000, b''):
+        _hostile(garbage, state_port)
+    assert wait_for(lambda: drone.dropped().get('state datagram not a state line', 0) >= 5,
+                    5.0), drone.dropped()
+    executor = SkillExecutor(drone, WallClock())
+    assert run_plan(executor, tello, 'mu(30)')[0].success
+    assert wait_for(lambda: drone.state().get('h') == emu.height == 130), drone.state()
+
+
+def test_a_spoofed_ok_from_another_port_does_not_end_a_motion(tello, local_drone):
+    # mu(50) takes 2.6 s at the model's pace: 1.3 s here, many djitellopy polls (0.1 s).
+    emu, drone = local_drone(time_scale=0.5, motion_timeout_factor=2.0)
+    executor = SkillExecutor(drone, WallClock())
+    outcome: dict[str, object] = {}
+
+    def climb() -> None:
+        (result,) = run_plan(executor, tello, 'mu(50)')
+        outcome.update(success=result.success, error=result.error,
+                       height_when_done=emu.height, replies_when_done=emu.replies)
+
+    climber = threading.Thread(target=climb)
+    climber.start()
+    assert wait_for(lambda: 'up 50' in emu.commands, 5.0)
+    _hostile(b'ok', _reply_port())
+    climber.join(10.0)
+    # The spoofed ok used to end the motion as a success while the drone was still climbing.
+    assert outcome['success'], outcome['error']
+    assert outcome['height_when_done'] == 150
+    assert ('up 50', 'ok') in outcome['replies_when_done']     # type: ignore[operator]
+    assert drone.dropped().get('reply from another port', 0) >= 1
+
+
+def test_a_silent_state_stream_is_not_reported_as_the_current_state(tello, local_drone):
+    emu, drone = local_drone(state_timeout_s=0.5)
+    assert drone.state().get('h') == 100 and drone.state_problem() == ''
+    emu.stop()                                               # no more state lines
+    assert wait_for(lambda: drone.state() == {}, 5.0), drone.state()
+    assert 'no state line from 127.0.0.1' in drone.state_problem()
+
+
+def test_a_dead_state_receiver_is_restarted_after_the_next_motion(tello, local_drone):
+    from timelyllm_ros.robots import tello as tello_backend
+
+    _, drone = local_drone()
+    receiver = tello_backend.receivers().state
+    receiver.sock.close()                   # what a failing socket does to its thread
+    assert wait_for(lambda: not receiver.alive, 5.0)
+    assert 'state receiver' in drone.state_problem()
+    assert drone.state() == {}
+    executor = SkillExecutor(drone, WallClock())
+    assert run_plan(executor, tello, 'mu(20)')[0].success
+    assert receiver.alive
+    assert wait_for(lambda: drone.state().get('h') == 120), drone.state()
+
+
+def test_a_state_receiver_that_cannot_restart_fails_the_motion(tello, state_port, local_drone):
+    from timelyllm_ros.robots import tello as tello_backend
+
+    _, drone = local_drone()
+    receiver = tello_backend.receivers().state
+    receiver.sock.close()
+    assert wait_for(lambda: not receiver.alive, 5.0)
+    executor = SkillExecutor(drone, WallClock())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(('', state_port))                      # the port is taken meanwhile
+        (result,) = run_plan(executor, tello, 'mu(20)')
+    assert not result.success
+    assert result.error.startswith('mu(20)') and 'state receiver' in result.error, result.error
+    assert 'cannot be restarted' in result.error
+    assert run_plan(executor, tello, 'md(20)')[0].success  # the port is free again
+    assert wait_for(lambda: drone.state().get('h') == 100), drone.state()
+
+
 # --- perception ----------------------------------------------------------------------------------
 
 def test_perception_skill_without_perception_is_refused(tello, emulator, backend):

@@ -20,7 +20,9 @@ Tello does on 192.168.10.1:8889:
 Fault injection: ``drop_replies_for`` (commands never answered: the client times out; the
 command has no effect), ``reply_error_for`` (answered ``error``) and :meth:`TelloEmulator.stop`
 (kills the server, also in the middle of a motion, whose reply then never comes). Every command
-received is logged in :attr:`TelloEmulator.commands`.
+received is logged in :attr:`TelloEmulator.commands`, and every reply sent, with the command it
+answers, in :attr:`TelloEmulator.replies` (logged before it leaves: a client that has a reply
+from the emulator finds it there, which tells a real reply from a spoofed one).
 
 Error replies never contain the letters ``ok``: ``djitellopy`` treats any reply containing
 ``ok`` as success. ``python -m timelyllm_ros.robots.emulators.tello --port 8889`` runs one in
@@ -115,6 +117,7 @@ class TelloEmulator:
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._commands: list[str] = []
+        self._replies: list[tuple[str, str]] = []
         self._client: tuple[str, int] | None = None
         self._sdk_mode = False
         self._in_air = False
@@ -206,6 +209,12 @@ class TelloEmulator:
             return list(self._commands)
 
     @property
+    def replies(self) -> list[tuple[str, str]]:
+        """``(command, reply)`` of every reply sent, in order (a copy)."""
+        with self._lock:
+            return list(self._replies)
+
+    @property
     def height(self) -> int:
         """Height above the ground in cm."""
         with self._lock:
@@ -281,6 +290,8 @@ class TelloEmulator:
                 reply = self._handle(text)
             if reply is None or self._stop.is_set():
                 continue
+            with self._lock:
+                self._replies.append((text, reply))
             try:
                 sock.sendto(reply.encode('utf-8'), sender)
             except OSError:
