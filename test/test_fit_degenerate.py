@@ -171,3 +171,18 @@ def test_the_cli_reports_refusals_clamps_and_dropped_samples(tmp_path, capsys):
     assert 'skipped move_forward:' in text and 'negative slope' in text
     assert 'note takeoff: 1 sample shorter than 1 ms dropped' in text
     assert 'skipped move_up: 2 distinct distance values cannot fit degree 3' in text
+
+
+def test_the_degenerate_fit_campaign_writes_no_degenerate_model():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        'degenerate_fits', Path(__file__).resolve().parents[1] / 'benchmarks' /
+        'degenerate_fits.py')
+    assert spec is not None and spec.loader is not None
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    counts = campaign.run_degenerate_fit_campaign(seed=7, cases=12)
+    assert counts['cases'] == 12 and counts['fits_refused'] > 0
+    assert counts['degenerate_models_written'] == 0
+    assert counts['unloadable_profiles_written'] == 0 and counts['fit_crashes'] == 0
