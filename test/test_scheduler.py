@@ -71,9 +71,11 @@ def test_timelyllm_single_task_segments() -> None:
         False, True]
     with pytest.raises(EngineError):              # generation ended: engine memory released
         engine.pause('t0')
-    # robot reports: FINISHED at the last segment's end
+    # robot reports (each once it happened): FINISHED at the last segment's end
+    clock.advance_to(3.0)
     scheduler.report_segment('t0', 0, 1.0, 3.0)
     assert generation.status == TaskStatus.GENERATED
+    clock.advance_to(5.5)
     scheduler.report_segment('t0', 1, 3.0, 5.5)
     assert generation.status == TaskStatus.FINISHED and generation.done_time == 5.5
 
@@ -107,11 +109,12 @@ def test_vllm_stream_dispatches_without_suspending() -> None:
 
 
 def test_report_segment_updates_need_time() -> None:
-    scheduler, _, _ = make_scheduler('timelyllm')
+    scheduler, clock, _ = make_scheduler('timelyllm')
     generation = scheduler.submit(make_spec())
     for _ in range(4):
         scheduler.tick()
     assert generation.status == TaskStatus.SUSPENDED
+    clock.advance_to(7.25)
     scheduler.report_segment('t0', 0, start_time=0.3, end_time=7.25)
     assert generation.need_time == 7.25
     row = [scheduler.queue.at(r).task_id for r in range(len(scheduler.queue))].index('t0')

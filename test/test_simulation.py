@@ -356,10 +356,11 @@ def test_group_by() -> None:
 
 
 def test_task_metrics_from_a_run() -> None:
-    scheduler, _, _ = make_scheduler('timelyllm')
+    scheduler, clock, _ = make_scheduler('timelyllm')
     generation = scheduler.submit(make_spec())
     while scheduler.has_work:
         scheduler.tick()
+    clock.advance_to(5.5)                       # the robot reports once it is done
     scheduler.report_segment('t0', 0, 1.0, 3.0)
     scheduler.report_segment('t0', 1, 3.5, 5.5)
     m = task_metrics(generation)

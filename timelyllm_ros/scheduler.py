@@ -67,11 +67,13 @@ class SchedulerConfig:
                                          # longest execution estimate before it is overdue
     report_timeout_margin_s: float = 10.0  # ... plus this margin (s)
     report_deadlines: bool = True    # end goals whose robot stops reporting (SegmentDone)
+    report_clock_tolerance_s: float = 2.0  # how far a robot's report times may lie before its
+                                           # segment's dispatch or after the planner's now
     grammar: bool = True             # constrain robot plans to their profile's grammar, on
                                      # engines with the 'grammar' capability
 
     def __post_init__(self) -> None:
-        for name in ('comm_s', 'report_timeout_margin_s'):
+        for name in ('comm_s', 'report_timeout_margin_s', 'report_clock_tolerance_s'):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f'{name} must be a finite number >= 0, got {value}')
@@ -238,15 +240,22 @@ class Scheduler:
                        success: bool = True, error: str = '') -> Generation:
         """A robot reports a segment's real execution (SegmentDone).
 
+        The times must be possible on the planner's clock, within
+        ``report_clock_tolerance_s``: not before the segment was dispatched, not after now,
+        and the end not before the start. A robot on another clock (wall time beside a
+        planner on sim time) would otherwise move the goal's report deadline anywhere; such a
+        report is refused and the goal keeps the deadline it had.
+
         Raises:
-            GoalError: unknown task, segment index or non-finite times.
+            GoalError: unknown task or segment index, or times that are not finite or not
+                possible (nothing is changed).
         """
         generation = self._get(task_id)
         if not 0 <= index < len(generation.segments):
             raise GoalError(f'task {task_id!r} has no dispatched segment {index}')
-        if not (math.isfinite(start_time) and math.isfinite(end_time)):
-            raise GoalError(f'task {task_id!r} segment {index}: start and end times must be '
-                            f'finite, got {start_time} and {end_time}')
+        problem = self._report_time_problem(generation.segments[index], start_time, end_time)
+        if problem is not None:
+            raise GoalError(f'task {task_id!r} segment {index}: {problem}')
         segment = generation.segments[index]
         segment.start_time, segment.end_time = start_time, end_time
         segment.success, segment.error = success, error
@@ -264,6 +273,24 @@ class Scheduler:
         self._arm_deadline(generation)
         self._maybe_finished(generation)
         return generation
+
+    def _report_time_problem(self, segment: Segment, start_time: float, end_time: float
+                             ) -> str | None:
+        """Why a robot's reported execution times cannot be true, or None."""
+        if not (math.isfinite(start_time) and math.isfinite(end_time)):
+            return f'start and end times must be finite, got {start_time} and {end_time}'
+        tolerance = self.config.report_clock_tolerance_s
+        if end_time < start_time:
+            return f'ends ({end_time:.3f} s) before it starts ({start_time:.3f} s)'
+        if start_time < segment.dispatch_time - tolerance:
+            return (f'starts at {start_time:.3f} s, before it was dispatched at '
+                    f'{segment.dispatch_time:.3f} s (clock tolerance {tolerance} s): is the '
+                    f'robot on another clock?')
+        now = self.clock.now()
+        if end_time > now + tolerance:
+            return (f"ends at {end_time:.3f} s, after the planner's now {now:.3f} s (clock "
+                    f'tolerance {tolerance} s): is the robot on another clock?')
+        return None
 
     def forget(self, task_id: str) -> Generation:
         """Drop the record of a task that ended or is fully generated (long-running services
