@@ -5,6 +5,7 @@ Regression tests of issue 13 items 1–3 on the scheduler (virtual clock) and th
 
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -296,3 +297,110 @@ def test_the_reported_outputs_reject_only_their_own_statements(policy) -> None:
     for generation in normal:
         assert generation.status == TaskStatus.GENERATED
         assert plans[generation.task_id] == 'mr(50);mf(100)'
+
+
+# -- robot report times (issue 31, item 3) ----------------------------------------------------
+def test_a_report_ending_in_the_future_is_refused_and_the_goal_keeps_its_deadline() -> None:
+    config = SchedulerConfig(report_timeout_factor=2.0, report_timeout_margin_s=1.0)
+    scheduler, clock, _ = make_scheduler('timelyllm', config=config)
+    generation = scheduler.submit(make_spec('t0', plan='mf(50);mf(50)'))
+    for _ in range(200):
+        if generation.segments:
+            break
+        scheduler.tick()
+    first = generation.segments[0]
+    due = (first.dispatch_time + 2 * config.comm_s + 2.0 * first.longest_exec_s
+           + config.report_timeout_margin_s)
+    with pytest.raises(GoalError, match='another clock'):
+        scheduler.report_segment('t0', 0, clock.now(), clock.now() + 1e6)
+    assert math.isnan(first.end_time) and math.isnan(first.start_time)
+    assert generation.need_time < 1e5            # the refused end did not become need_time
+    drain(scheduler)
+    clock.advance_to(due + 0.01)
+    assert generation in scheduler.expire_overdue()
+    assert generation.error == 'robot did not report segment 0 in time'
+
+
+@pytest.mark.parametrize(('start', 'end', 'why'), [
+    (-100.0, 0.0, 'before it was dispatched'),       # a robot on a clock 100 s behind
+    (0.5, 0.2, 'before it starts'),
+    (0.0, 50.0, 'after the planner'),                  # a robot on a clock 50 s ahead
+])
+def test_impossible_report_times_are_refused_with_the_reason(start, end, why) -> None:
+    scheduler, clock, _ = make_scheduler('timelyllm')
+    generation = scheduler.submit(make_spec(plan='mf(50)'))
+    drain(scheduler)
+    clock.advance_to(max(clock.now(), 1.0))
+    dispatched = generation.segments[0].dispatch_time
+    with pytest.raises(GoalError, match=why):
+        scheduler.report_segment('t0', 0, dispatched + start, dispatched + end)
+    assert generation.status == TaskStatus.GENERATED
+
+
+def test_report_times_within_the_clock_tolerance_are_accepted() -> None:
+    config = SchedulerConfig(report_clock_tolerance_s=0.5)
+    scheduler, clock, _ = make_scheduler('timelyllm', config=config)
+    generation = scheduler.submit(make_spec(plan='mf(50)'))
+    drain(scheduler)
+    dispatched = generation.segments[0].dispatch_time
+    now = clock.now()
+    # A robot clock 0.4 s off either way is tolerated.
+    scheduler.report_segment('t0', 0, dispatched - 0.4, now + 0.4)
+    assert generation.status == TaskStatus.FINISHED
+
+
+# -- stopping from a listener (issue 31, item 4) ----------------------------------------------
+@pytest.mark.parametrize('stop_from', ['end', 'segment'])
+def test_stopping_from_a_listener_ends_every_goal_and_refuses_new_ones(stop_from) -> None:
+    service = PlannerService.create(config=SchedulerConfig(report_deadlines=False))
+    ends = Ends()
+    ends.expected = 4
+    stopped = threading.Event()
+
+    def stop_once() -> None:
+        if not stopped.is_set():
+            stopped.set()
+            service.stop()            # on the loop thread
+
+    def on_end(generation) -> None:  # type: ignore[no-untyped-def]
+        ends.on_end(generation)
+        if stop_from == 'end':
+            stop_once()
+
+    def on_segment(generation, segment) -> None:  # type: ignore[no-untyped-def]
+        if stop_from == 'segment':
+            stop_once()
+
+    loop = None
+    try:
+        service.start()
+        loop = service._thread
+        service.submit(PlanGoal('drone_0', 'tello', 'take off', wait_for_execution=False),
+                       on_segment, on_end)
+        for i in range(1, 4):
+            service.submit(PlanGoal(f'drone_{i}', 'tello', 'take off and fly forward'),
+                           on_segment, on_end)
+        assert ends.all_done.wait(60.0), 'goals were left running after a stop'
+        assert loop is not None
+        loop.join(10.0)
+        assert not loop.is_alive()
+        assert service.state().status == 'stopped'
+        with pytest.raises(GoalError, match='not serving'):
+            service.submit(PlanGoal('drone_9', 'tello', 'take off'), print, print)
+    finally:
+        service.stop()
+    statuses = sorted(g.status.name for g in ends.generations.values())  # type: ignore[attr-defined]
+    assert len(statuses) == 4 and statuses.count('FAILED') >= 3
+
+
+def test_a_stop_racing_a_stop_from_a_listener_ends_every_goal_once() -> None:
+    service = PlannerService.create(config=SchedulerConfig(report_deadlines=False))
+    ends = Ends()
+    ends.expected = 3
+    for i in range(3):
+        service.submit(PlanGoal(f'drone_{i}', 'tello', 'take off'), lambda g, s: None,
+                       lambda g: (ends.on_end(g), service.stop()))
+    service.start()
+    service.stop()                        # the listeners stop it again, on the loop thread
+    assert ends.all_done.is_set()         # Ends asserts each goal ends once
+    assert service.state().status == 'stopped'

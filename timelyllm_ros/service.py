@@ -89,7 +89,7 @@ class PlannerService:
         self._untracked: set[str] = set()   # goals that end once generated
         self._ids = itertools.count()
         self._stop = threading.Event()
-        self._accepting = threading.Lock()  # orders submits against the service's end
+        self._accepting = threading.RLock()  # orders submits against the service's end
         self._thread: threading.Thread | None = None
         self._state = ServiceState()   # the last snapshot taken
         self._last_batch_size = 0
@@ -183,8 +183,9 @@ class PlannerService:
         return spec.task_id
 
     def _check_serving(self) -> None:
-        if self._status in ('failed', 'stopped'):
-            raise GoalError(f'the planner is not serving ({self._status}): '
+        if self._status in ('failed', 'stopped') or self._stop.is_set():
+            status = self._status if self._status in ('failed', 'stopped') else 'stopping'
+            raise GoalError(f'the planner is not serving ({status}): '
                             f'{self.loop_error or "stopped"}')
 
     def cancel(self, task_id: str) -> None:
@@ -227,17 +228,22 @@ class PlannerService:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the loop; goals that have not ended end as FAILED ("the planner stopped")."""
+        """Stop the loop; goals that have not ended end as FAILED ("the planner stopped") and
+        new goals are refused from now on. Safe from any thread, a goal listener included:
+        called on the loop thread, it returns at once and the loop closes the service when
+        the current iteration is done."""
         self._stop.set()
         self._inbox.put(('wake', ()))
-        thread, self._thread = self._thread, None
+        thread = self._thread
+        if thread is threading.current_thread():
+            return                      # the loop closes the service on its way out
+        self._thread = None
         if thread is not None:
             thread.join(timeout_s)
             if thread.is_alive():
                 logger.error('the planner loop did not stop within %.1f s', timeout_s)
                 return
-        if self._status != 'failed':
-            self._close('stopped', 'the planner service stopped')
+        self._close('stopped', 'the planner service stopped')
 
     def __enter__(self) -> PlannerService:
         self.start()
@@ -286,10 +292,17 @@ class PlannerService:
                                           f'row: {self.loop_error}')
                     return
                 self._stop.wait(min(self._idle_wait_s * 2 ** consecutive, 1.0))  # back off
+        self._close('stopped', 'the planner service stopped')
+        if self._thread is threading.current_thread():
+            self._thread = None         # stopped from a listener: start() may start anew
 
     def _close(self, status: ServiceStatus, reason: str) -> None:
-        """End every goal (in flight or still in the inbox) with ``reason``; refuse new ones."""
+        """End every goal (in flight or still in the inbox) with ``reason``; refuse new ones.
+        Only the first close counts (the loop and :meth:`stop` may both get here, and a
+        listener called from here may stop the service again)."""
         with self._accepting:
+            if self._status in ('failed', 'stopped'):
+                return
             self._status = status
             if status == 'failed':
                 self.loop_error = reason
