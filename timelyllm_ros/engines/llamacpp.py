@@ -195,6 +195,7 @@ class LlamaCppEngine(Engine):
         flash_attn: bool | None = None,
         lookahead_tokens: int = 16,
         chat_template: bool = True,
+        extra_buffers: bool = False,
         verbose: bool = False,
     ) -> None:
         """Args:
@@ -223,6 +224,12 @@ class LlamaCppEngine(Engine):
                 turns, the plain ``prompt`` is tokenized. (The shipped Gemma 3 270M GGUF has
                 none; llama.cpp's built-in ``gemma`` template was tried on it: its plans
                 copied the examples and its answers never ended, so its prompt stays plain.)
+            extra_buffers: llama.cpp's extra weight buffer types (``use_extra_bufts``: AMX
+                tiles on Intel CPUs that have AMX, repacked Q4_0/IQ4_NL weights). Off by
+                default: with them, llama-cpp-python 0.3.36 built natively on a Xeon with AMX
+                dies of SIGSEGV in ``ggml_backend_amx_mul_mat`` at the first decode of two
+                or more tokens; the bundled models (Q4_1, Q4_K_M) are not repacked on x86,
+                so nothing is lost on them.
             verbose: let llama.cpp log to stderr.
 
         Raises:
@@ -249,6 +256,7 @@ class LlamaCppEngine(Engine):
         self.threads = threads or os.cpu_count() or 1
         llama.llama_backend_init()
         mparams = llama.llama_model_default_params()
+        mparams.use_extra_bufts = extra_buffers
         self._model = llama.llama_model_load_from_file(self.model_path.encode(), mparams)
         if not self._model:
             raise EngineError(f'llama.cpp could not load the model {self.model_path!r}')

