@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pytest
 
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.errors import EngineError
+from timelyllm_ros.scheduler import SchedulerConfig
+from timelyllm_ros.service import PlanGoal, PlannerService
 
 llama_cpp = pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed '
                                 '(pip install -e .[cpu])')
@@ -433,3 +436,61 @@ def test_engine_is_a_context_manager() -> None:
             engine.step()
     with pytest.raises(EngineError, match='closed'):
         engine.count_tokens('after close')
+
+
+# -- KV memory never fails a goal that fits alone (issue 31, item 2) ---------------------------
+LONG_PROMPT = ' '.join(f'step {i}: fly forward one metre and look around.' for i in range(60))
+
+
+def test_the_first_goal_of_a_kind_is_not_counted_twice_with_its_own_prefix() -> None:
+    engine = _engine(kv_tokens=1024, max_num_seqs=2)
+    engine.register(_request('first', LONG_PROMPT, prefix_id='tello'))
+    prompt = len(engine._get('first').prompt_ids)
+    assert 2 * prompt > engine.kv_tokens > prompt + 2 * TOKENS   # room for one, not for two
+    engine.run('first')
+    for _ in range(3):
+        engine.step()
+    engine.pause('first')
+    assert 'tello' in engine._prefixes          # its prompt became the kind's prefix
+    assert engine.resident_tokens() <= engine._get('first').total
+    assert engine.fits_when_idle('first') and engine.can_run('first')
+    assert len(_finish(engine, 'first')) > 3      # it resumes and runs to its end
+    engine.release('first')
+
+
+def test_a_goal_too_large_for_the_context_does_not_fit_when_idle() -> None:
+    engine = _engine(kv_tokens=1024, max_num_seqs=2)
+    engine.register(_request('small', PROMPT))
+    assert engine.fits_when_idle('small')
+    with pytest.raises(EngineError, match='does not fit the context'):
+        engine.register(_request('huge', LONG_PROMPT * 3))
+
+
+def test_one_goal_alone_on_a_small_kv_budget_finishes_its_plan() -> None:
+    """The outside test's case: kv_tokens=1024, a goal alone, its first segment dispatched
+    (the drone took off), then FAILED 'does not fit' at its resume."""
+    service = PlannerService.create(
+        engine='cpu', model='smollm2', config=SchedulerConfig(report_deadlines=False),
+        engine_options={'kv_tokens': 1024, 'max_num_seqs': 3, 'threads': 1})
+    ended: dict[str, object] = {}
+    done = threading.Event()
+
+    def on_segment(generation, segment) -> None:  # type: ignore[no-untyped-def]
+        if segment.statements:
+            now = service.now()
+            service.report_segment(generation.task_id, segment.index, now, now + 0.01)
+
+    def on_end(generation) -> None:  # type: ignore[no-untyped-def]
+        ended[generation.task_id] = generation
+        if len(ended) == 4:
+            done.set()
+
+    with service:
+        for i, task in enumerate(['take off, fly forward 1 m and land',
+                                  'find the cat and go to it', 'turn around twice, then land',
+                                  'fly up 50 cm, look for the keys, land']):
+            service.submit(PlanGoal(f'drone_{i}', 'tello', task), on_segment, on_end)
+        assert done.wait(300), 'goals were left running'
+    failed = {k: g.error for k, g in ended.items()  # type: ignore[attr-defined]
+              if g.status.name != 'FINISHED'}  # type: ignore[attr-defined]
+    assert failed == {}

@@ -404,3 +404,41 @@ def test_a_stop_racing_a_stop_from_a_listener_ends_every_goal_once() -> None:
     service.stop()                        # the listeners stop it again, on the loop thread
     assert ends.all_done.is_set()         # Ends asserts each goal ends once
     assert service.state().status == 'stopped'
+
+
+# -- memory never fails a goal under way (issue 31, item 2) -----------------------------------
+class OutgrownEngine(SimulatedEngine):
+    """A simulator whose memory stops fitting one generation once ``outgrown`` holds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outgrown: set[str] = set()
+
+    def can_run(self, request_id: str) -> bool:
+        return request_id not in self.outgrown and super().can_run(request_id)
+
+    def fits_when_idle(self, request_id: str) -> bool:
+        return request_id not in self.outgrown and super().fits_when_idle(request_id)
+
+
+def test_a_goal_whose_robot_runs_a_segment_is_never_failed_for_memory() -> None:
+    engine = OutgrownEngine()
+    clock = SimClock()
+    scheduler = Scheduler(create_policy('timelyllm'), engine, clock)
+    generation = scheduler.submit(make_spec('t0', plan='mf(50);tc(90);mf(20)'))
+    for _ in range(100):
+        scheduler.tick()
+        if generation.segments:
+            break
+    assert generation.status == TaskStatus.SUSPENDED and len(generation.segments) == 1
+    engine.outgrown.add('t0')            # its KV grew past what the engine can hold
+    results = drain(scheduler)
+    assert generation.status == TaskStatus.GENERATED, generation.error
+    assert generation.finish_reason == 'length' and generation.segments[-1].is_last
+    assert any(generation in r.closed for r in results)     # the robot is told the plan ended
+    fresh = scheduler.submit(make_spec('t1', plan='mf(50)'))
+    engine.outgrown.add('t1')
+    drain(scheduler)
+    assert fresh.status == TaskStatus.FAILED          # nothing of it ran: refused as before
+    assert fresh.error == 'the prompt does not fit in the engine KV memory'
+    assert not scheduler.invariant_violations()

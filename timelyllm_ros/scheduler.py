@@ -147,6 +147,15 @@ class TickResult:
                                                               # segment was dispatched
     decision: Decision | None = None                          # what the tick decided
 
+    def merge(self, other: TickResult) -> None:
+        """Take over what ``other`` holds to report (it is left empty)."""
+        self.dispatches.extend(other.dispatches)
+        self.ended.extend(other.ended)
+        self.closed.extend(other.closed)
+        other.dispatches.clear()
+        other.ended.clear()
+        other.closed.clear()
+
 
 class Scheduler:
     """Owns the queue and the generations; the engine owns tokens and KV memory.
@@ -180,7 +189,8 @@ class Scheduler:
         self._running: dict[str, Generation] = {}
         self._deadlines: list[tuple[float, int, str, int]] = []  # (due, seq, task, segment)
         self._deadline_seq = 0
-        self._refused = TickResult()     # goals decide() ended, reported by the next tick
+        self._refused = TickResult()     # what decide() ended or closed, reported by the
+                                         # next tick
         self._seq = 0
         self.recent_step_s: float | None = None
         self.ticks = 0
@@ -383,8 +393,7 @@ class Scheduler:
         admitted = self.decide(ctx)
         refused = tuple(g.task_id for g in self._refused.ended[refused_before:])
         if out is not self._refused:
-            out.ended.extend(self._refused.ended)
-            self._refused.ended.clear()
+            out.merge(self._refused)
         mask = self.policy.decode_mask(ctx) if self._running else None
         return Decision(time=ctx.now, killed=killed, preempted=preempted,
                         admitted=tuple(g.task_id for g in admitted), refused=refused,
@@ -431,13 +440,22 @@ class Scheduler:
                 priorities[row] = priorities[n]   # the queue moved its last row into this one
                 continue
             if not admit:
-                if not fits_alone:
+                if fits_alone:
+                    break                   # it waits for memory to free up
+                n -= 1
+                priorities[row] = priorities[n]
+                if candidate.segments:
+                    # Its robot already runs the plan: end the plan with what was sent, as
+                    # at the context limit, rather than fail a goal that is under way.
+                    logger.warning('%s no longer fits in the engine KV memory; its plan ends '
+                                   'after segment %d', candidate.task_id,
+                                   len(candidate.segments) - 1)
+                    self.queue.remove(candidate.task_id)
+                    self._on_finish(candidate, 'length', now, out)
+                else:
                     self._end(candidate, TaskStatus.FAILED,
                               'the prompt does not fit in the engine KV memory', out)
-                    n -= 1
-                    priorities[row] = priorities[n]
-                    continue
-                break
+                continue
             self.queue.remove(candidate.task_id)
             n -= 1
             priorities[row] = priorities[n]

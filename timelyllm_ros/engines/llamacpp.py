@@ -455,6 +455,12 @@ class LlamaCppEngine(Engine):
         used += sum(len(p.ids) for p in self._prefixes.values())
         return used + self._kv_need(generation) <= self.kv_tokens
 
+    def fits_when_idle(self, request_id: str) -> bool:
+        """Whether the generation fits in the context with nothing else in it: every other
+        generation swapped out and every prefix sequence dropped."""
+        generation = self._get(request_id)
+        return generation.total + self._headroom(generation) <= self.kv_tokens
+
     def _kv_need(self, generation: _Generation) -> int:
         """Cells a generation holds while running (its own, not those of a shared prefix)."""
         if generation.location == 'device':
@@ -463,7 +469,12 @@ class LlamaCppEngine(Engine):
             prefix = self._prefixes.get(generation.request.prefix_id or '')
             own = generation.total - (len(prefix.ids) if prefix and generation.location ==
                                       'none' else 0)
-        return max(own, 1) + self.lookahead_tokens
+        return max(own, 1) + self._headroom(generation)
+
+    def _headroom(self, generation: _Generation) -> int:
+        """Cells a generation needs beyond its tokens to join the batch: the lookahead, but
+        never past its context limit (where it ends with ``length``)."""
+        return max(0, min(self.lookahead_tokens, self.max_context - generation.total))
 
     def run_cost_s(self, request_id: str) -> float:
         generation = self._get(request_id)
@@ -690,6 +701,14 @@ class LlamaCppEngine(Engine):
         prefix = self._prefixes.pop(prefix_id)
         self._llama.llama_memory_seq_rm(self._mem, prefix.seq, -1, -1)
         self._free_seqs.append(prefix.seq)
+        self._unshare(prefix_id, 0)
+
+    def _unshare(self, prefix_id: str, kept: int) -> None:
+        """A prefix sequence kept only its first ``kept`` cells: the cells beyond, that its
+        generations shared with it, are now theirs alone (and counted as theirs)."""
+        for generation in self._generations.values():
+            if generation.request.prefix_id == prefix_id and generation.location == 'device':
+                generation.shared = min(generation.shared, kept)
 
     def _swap_out(self, generation: _Generation) -> None:
         """Copy one sequence's KV to host memory (that sequence only) and free its cells."""
@@ -833,6 +852,7 @@ class LlamaCppEngine(Engine):
                 if 0 < common < len(prefix.ids):
                     llama.llama_memory_seq_rm(self._mem, prefix.seq, common, -1)
                     del prefix.ids[common:]
+                    self._unshare(prefix_id, common)
                 continue
             if len(self._prefixes) >= self.max_prefixes:
                 self._drop_prefix()
@@ -843,6 +863,10 @@ class LlamaCppEngine(Engine):
             llama.llama_memory_seq_cp(self._mem, generation.seq, seq, 0, length)
             self._prefixes[prefix_id] = _Prefix(seq, list(generation.prompt_ids[:length]),
                                                 self.steps)
+            # The copy shares the cells (one unified pool): counting them as this
+            # generation's own as well would count its prompt twice, so that the first goal
+            # of a kind could not resume in a context that holds it easily.
+            generation.shared = length
 
     def _make_room(self, participants: Sequence[str], preempted: list[str],
                    keep: _Generation | None = None) -> bool:
