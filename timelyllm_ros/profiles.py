@@ -18,11 +18,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from timelyllm_ros.errors import ProfileError
 from timelyllm_ros.exec_time import ExecTimeModel
+from timelyllm_ros.safe_files import Limits, ProfileInputError, load_yaml
 
 
 def _bundled_profiles_dir() -> Path:
@@ -65,6 +65,8 @@ PROFILE_NAME = re.compile(r'[A-Za-z][A-Za-z0-9_-]{0,63}')
 
 MAX_PROFILE_BYTES = 1 << 20
 """Largest profile file read (bytes)."""
+PROFILE_FILE = Limits(max_bytes=MAX_PROFILE_BYTES)
+"""How much of a profile file is parsed (see :mod:`timelyllm_ros.safe_files`)."""
 
 
 def clip(text: str, limit: int = 64) -> str:
@@ -325,15 +327,6 @@ def _format_location(loc: tuple[int | str, ...], data: object) -> str:
     return out
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error's problem and position, without the snippet of the file it would quote."""
-    if isinstance(err, yaml.MarkedYAMLError):
-        mark = err.problem_mark
-        where = f' at line {mark.line + 1}, column {mark.column + 1}' if mark else ''
-        return f'{err.problem or err.context or "syntax error"}{where}'
-    return type(err).__name__
-
-
 def load_profile_file(path: str | Path) -> RobotProfile:
     """Load and validate one profile YAML file given on purpose by its path.
 
@@ -342,26 +335,18 @@ def load_profile_file(path: str | Path) -> RobotProfile:
     the field and the problem, never the file's content.
 
     Raises:
-        ProfileError: naming the file and the offending field.
+        ProfileError: the file cannot be read.
+        ProfileInputError: too large, not UTF-8, not valid YAML (bounded as every file, see
+            :mod:`timelyllm_ros.safe_files`), or invalid, naming the offending field.
     """
     path = Path(path)
     try:
-        with path.open('rb') as stream:
-            raw = stream.read(MAX_PROFILE_BYTES + 1)
+        data = load_yaml(path, ProfileInputError, PROFILE_FILE)
     except OSError as err:
         raise ProfileError(f'{path}: cannot read profile: {err.strerror}') from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ProfileError(f'{path}: profile larger than {MAX_PROFILE_BYTES} bytes')
-    try:
-        data = yaml.safe_load(raw.decode('utf-8'))
-    except UnicodeDecodeError as err:
-        raise ProfileError(f'{path}: not UTF-8 text (byte {err.start})') from None
-    except yaml.YAMLError as err:
-        raise ProfileError(f'{path}: not valid YAML: {_yaml_problem(err)}') from None
-    except RecursionError:
-        raise ProfileError(f'{path}: not valid YAML: nested too deeply') from None
     if not isinstance(data, dict):
-        raise ProfileError(f'{path}: a profile must be a mapping, got {type(data).__name__}')
+        raise ProfileInputError(str(path), f'a profile must be a mapping, got '
+                                f'{type(data).__name__}')
     try:
         return RobotProfile.model_validate(data)
     except ValidationError as err:
@@ -369,7 +354,7 @@ def load_profile_file(path: str | Path) -> RobotProfile:
             f"{_format_location(e['loc'], data) or '<root>'}: {e['msg'][:200]}"
             for e in err.errors(include_input=False, include_url=False)
         )
-        raise ProfileError(f'{path}: invalid profile: {problems}') from None
+        raise ProfileInputError(str(path), f'invalid profile: {problems}') from None
 
 
 def check_profile_name(name: object) -> str:

@@ -11,11 +11,11 @@ import re
 from functools import cached_property
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from timelyllm_ros.errors import WorkloadError
 from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.safe_files import DATA_FILE, WorkloadInputError, load_yaml, validation_problems
 from timelyllm_ros.segmenter import segment_text
 
 DATA_DIR = Path(__file__).resolve().parent / 'data'
@@ -42,7 +42,7 @@ class Trace(BaseModel):
     name: str
     robot: str                         # robot profile name
     task_class: str                    # normal, urgent, arm, chatbot, ...
-    prompt_tokens: int = Field(gt=0)
+    prompt_tokens: int = Field(gt=0, le=10_000_000)
     task: str = Field(min_length=1)
     plan: str = Field(min_length=1)
     tokens: tuple[str, ...] | None = None   # recorded pieces; approximated when absent
@@ -83,19 +83,22 @@ def load_trace_set(path: str | Path = DERIVED_TRACES) -> TraceSet:
     """Load and check a trace set: every plan must segment into valid statements.
 
     Raises:
-        WorkloadError: unreadable file, schema error, duplicate id, unknown robot profile,
-            or a plan with a malformed statement.
+        WorkloadError: unreadable file, duplicate id, unknown robot profile, or a plan with a
+            malformed statement.
+        WorkloadInputError: a file too large, not UTF-8 YAML or not of the schema.
     """
     key = str(Path(path).resolve())
     if key in _CACHE:
         return _CACHE[key]
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding='utf-8'))
-        trace_set = TraceSet.model_validate(data)
+        data = load_yaml(path, WorkloadInputError, DATA_FILE)
     except OSError as err:
         raise WorkloadError(f'{path}: cannot read trace set: {err.strerror}') from None
-    except (yaml.YAMLError, ValidationError) as err:
-        raise WorkloadError(f'{path}: invalid trace set: {err}') from None
+    try:
+        trace_set = TraceSet.model_validate(data)
+    except ValidationError as err:
+        raise WorkloadInputError(str(path), f'invalid trace set: {validation_problems(err)}'
+                                 ) from None
     if len(trace_set.by_id) != len(trace_set.traces):
         raise WorkloadError(f'{path}: duplicate trace ids')
     for trace in trace_set.traces:

@@ -8,17 +8,31 @@ event triggers the i-th group (cycling), ``(1,2)`` meaning two robots start T1 a
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from timelyllm_ros.errors import ProfileError, TufError, WorkloadError
 from timelyllm_ros.profiles import check_profile_name, load_profile
 from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.safe_files import (
+    DATA_FILE,
+    YAML_FILE,
+    WorkloadInputError,
+    load_json,
+    load_yaml,
+    validation_problems,
+)
 from timelyllm_ros.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
 from timelyllm_ros.tuf import Tuf, tuf_for_class
 
@@ -30,8 +44,16 @@ AUTHORS_WORKLOADS = {
 CLASS_TUF = {'arm': 'normal'}
 """TUF class of task classes that are not TUF classes themselves (arm tasks are normal)."""
 
+MAX_AGENTS = 10_000
+"""Most robots (and so most tasks per event) a workload may have: a fleet, not a population."""
+MAX_TASKS = 100_000
+"""Most tasks a workload spec may draw, counted before drawing as events (``eps`` ×
+``duration_s``) × tasks of the largest event. WID1–3 draw a few hundred; a spec that asks
+for millions would take the process's memory and never finish generating."""
 
-_GROUP = re.compile(r'\s*(?:\(\s*(\d+(?:\s*,\s*\d+)*)\s*\)|(\d+))\s*(,|$)')
+
+# Trace ids of at most 9 digits: no id is longer, and int() of thousands of digits raises.
+_GROUP = re.compile(r'\s*(?:\(\s*(\d{1,9}(?:\s*,\s*\d{1,9})*)\s*\)|(\d{1,9}))\s*(,|$)')
 
 
 def parse_composition(text: str) -> list[list[int]]:
@@ -62,13 +84,13 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(extra='forbid', frozen=True)
 
-    name: str
-    description: str = ''
-    eps: float = Field(gt=0, description='Events per second (Poisson rate).')
-    max_tpe: int = Field(ge=1, description='Maximum tasks per event.')
-    trace_ids: list[int] = Field(min_length=1)
-    agents: int = Field(ge=1, description='Number of robots (agents).')
-    duration_s: float = Field(gt=0)
+    name: str = Field(max_length=200)
+    description: str = Field(default='', max_length=10_000)
+    eps: float = Field(gt=0, allow_inf_nan=False, description='Events per second (Poisson rate).')
+    max_tpe: int = Field(ge=1, le=MAX_AGENTS, description='Maximum tasks per event.')
+    trace_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=10_000)
+    agents: int = Field(ge=1, le=MAX_AGENTS, description='Number of robots (agents).')
+    duration_s: float = Field(gt=0, allow_inf_nan=False)
     composition: str | None = None
     profile: str | None = Field(
         default=None, description="Robot profile serving every task instead of its trace's "
@@ -90,6 +112,28 @@ class WorkloadSpec(BaseModel):
             except ProfileError as err:
                 raise ValueError(str(err)) from None
         return value
+
+    @model_validator(mode='after')
+    def _bounded(self) -> WorkloadSpec:
+        problem = task_bound_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def task_bound_problem(spec: WorkloadSpec) -> str | None:
+    """Why the spec would draw more than :data:`MAX_TASKS` tasks (None: it would not)."""
+    events = spec.eps * spec.duration_s
+    if spec.composition is not None:
+        per_event = max(len(group) for group in parse_composition(spec.composition))
+        what = 'tasks of the largest composition group'
+    else:
+        per_event, what = spec.max_tpe, 'max_tpe'
+    tasks = events * per_event
+    if tasks > MAX_TASKS:
+        return (f'eps x duration_s x {what} = {tasks:.3g} tasks, more than {MAX_TASKS}: '
+                f'a shorter duration_s or a lower eps')
+    return None
 
 
 BUILTIN_WORKLOADS: dict[str, WorkloadSpec] = {
@@ -147,9 +191,16 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
     """Draw the tasks of a workload; the same seed always gives the same tasks."""
     traces = traces or load_trace_set()
     for trace_id in spec.trace_ids:
-        traces.get(trace_id)
+        try:
+            traces.get(trace_id)
+        except WorkloadError as err:
+            raise WorkloadInputError(spec.name, str(err), 'trace_ids') from None
+    # Checked again here: model_copy (a --compose override) and model_construct skip validators.
+    problem = task_bound_problem(spec)
+    if problem:
+        raise WorkloadInputError(spec.name, problem, 'workload')
     if spec.max_tpe > spec.agents:
-        raise WorkloadError(f'{spec.name}: max_tpe {spec.max_tpe} > agents {spec.agents}')
+        raise WorkloadInputError(spec.name, f'max_tpe {spec.max_tpe} > agents {spec.agents}')
     _check_profile_override(spec, traces)
     groups = parse_composition(spec.composition) if spec.composition else None
     rng = np.random.default_rng(seed)
@@ -163,7 +214,8 @@ def generate_tasks(spec: WorkloadSpec, seed: int, traces: TraceSet | None = None
         if groups is not None:
             chosen = groups[event % len(groups)]
             if len(chosen) > spec.agents:
-                raise WorkloadError(f'{spec.name}: event of {len(chosen)} tasks > agents')
+                raise WorkloadInputError(spec.name, f'event of {len(chosen)} tasks > agents',
+                                         'composition')
         else:
             count = int(rng.integers(1, spec.max_tpe + 1))
             chosen = [int(t) for t in rng.choice(spec.trace_ids, size=count)]
@@ -184,20 +236,52 @@ def _check_profile_override(spec: WorkloadSpec, traces: TraceSet) -> None:
         for trace_id in spec.trace_ids:
             own = load_profile(traces.get(trace_id).robot).kind
             if own != kind:
-                raise WorkloadError(f'{spec.name}: profile {spec.profile!r} is a {kind}, '
-                                    f'trace {trace_id} is for a {own}')
+                raise WorkloadInputError(spec.name, f'profile {spec.profile!r} is a {kind}, '
+                                         f'trace {trace_id} is for a {own}')
     except ProfileError as err:
-        raise WorkloadError(f'{spec.name}: profile: {err}') from None
+        raise WorkloadInputError(spec.name, str(err), 'profile') from None
 
 
 def load_workload_spec(path: str | Path) -> WorkloadSpec:
-    """Load a workload spec YAML file (the fields of :class:`WorkloadSpec`)."""
+    """Load a workload spec YAML file (the fields of :class:`WorkloadSpec`), bounded by
+    :mod:`timelyllm_ros.safe_files`.
+
+    Raises:
+        WorkloadError: the file cannot be read.
+        WorkloadInputError: too large, not UTF-8 YAML, or a field missing or out of range
+            (finite rates and durations, at most :data:`MAX_AGENTS` agents and
+            :data:`MAX_TASKS` tasks).
+    """
     try:
-        return WorkloadSpec.model_validate(yaml.safe_load(Path(path).read_text('utf-8')))
+        data = load_yaml(path, WorkloadInputError, YAML_FILE)
     except OSError as err:
         raise WorkloadError(f'{path}: cannot read workload: {err.strerror}') from None
-    except (yaml.YAMLError, ValidationError, WorkloadError) as err:
-        raise WorkloadError(f'{path}: invalid workload spec: {err}') from None
+    if not isinstance(data, dict):
+        raise WorkloadInputError(str(path), f'invalid workload spec: a mapping of the fields '
+                                 f'of a workload, got {type(data).__name__}')
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as err:
+        raise WorkloadInputError(str(path), f'invalid workload spec: '
+                                 f'{validation_problems(err)}') from None
+
+
+_Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class AuthorsRecord(BaseModel):
+    """One task record of the authors' JSON format (the fields this project uses)."""
+
+    model_config = ConfigDict(extra='ignore', frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
+
+    trigger_time: _Seconds = Field(alias='trigger time')
+    agent_id: int = Field(ge=0, lt=MAX_AGENTS)
+    trace_id: int = Field(ge=0, le=1_000_000)
+    task_input: str = Field(max_length=100_000)
+    exe_time_detail: list[tuple[Annotated[str, Field(max_length=200)], _Seconds]] = Field(
+        max_length=10_000)
+    tuf: tuple[float, float, float]       # [U_max, ERT, t_zero]; Tuf checks finite and order
 
 
 def load_authors_workload(path: str | Path, traces: TraceSet | None = None) -> list[TaskSpec]:
@@ -211,28 +295,39 @@ def load_authors_workload(path: str | Path, traces: TraceSet | None = None) -> l
     """
     traces = traces or load_trace_set()
     try:
-        records = json.loads(Path(path).read_text(encoding='utf-8'))
+        # NaN and Infinity parse, so that the record's model names the field holding one.
+        data = load_json(path, WorkloadInputError, DATA_FILE, finite=False)
     except OSError as err:
         raise WorkloadError(f'{path}: cannot read workload: {err.strerror}') from None
-    except json.JSONDecodeError as err:
-        raise WorkloadError(f'{path}: not valid JSON: {err}') from None
-    if not isinstance(records, list) or not records:
-        raise WorkloadError(f'{path}: expected a non-empty list of task records')
-    is_arm = any(skill == 'move_to' for r in records if isinstance(r, dict)
-                 for skill, _ in r.get('exe_time_detail', []))
+    if not isinstance(data, list) or not data:
+        raise WorkloadInputError(str(path), 'expected a non-empty list of task records')
+    if len(data) > MAX_TASKS:
+        raise WorkloadInputError(str(path), f'{len(data)} task records, more than {MAX_TASKS}')
+    # Every record is checked before any is used: sorting by trigger time needs them all
+    # numeric, and a NaN time or skill time would keep a simulation from ever ending.
+    records: list[tuple[int, AuthorsRecord]] = []
+    for position, raw in enumerate(data):
+        if not isinstance(raw, dict):
+            raise WorkloadInputError(str(path), f'a record is an object, got '
+                                     f'{type(raw).__name__}', f'record {position}')
+        try:
+            records.append((position, AuthorsRecord.model_validate(raw)))
+        except ValidationError as err:
+            raise WorkloadInputError(str(path), validation_problems(err),
+                                     f'record {position}') from None
+    is_arm = any(skill == 'move_to' for _, r in records for skill, _ in r.exe_time_detail)
     offset = 9 if is_arm else 1
     tasks: list[TaskSpec] = []
-    for position, record in enumerate(sorted(records, key=lambda r: r.get('trigger time', 0))):
+    for index, (position, record) in enumerate(sorted(records,
+                                                      key=lambda r: r[1].trigger_time)):
         try:
-            beta, ert, zero = record['tuf']
-            tuf = Tuf.from_zero_time(float(beta), float(ert), float(zero))
-            detail = tuple((str(s), float(t)) for s, t in record['exe_time_detail'])
-            tasks.append(_task(position, int(record['trace_id']) + offset,
-                               int(record['agent_id']), float(record['trigger time']), traces,
-                               tuf=tuf, task_text=str(record['task_input']),
-                               skill_times=detail))
-        except (KeyError, TypeError, ValueError, TufError, WorkloadError) as err:
-            raise WorkloadError(f'{path}: record {position}: {err}') from None
+            tuf = Tuf.from_zero_time(*record.tuf)
+            tasks.append(_task(index, record.trace_id + offset, record.agent_id,
+                               record.trigger_time, traces, tuf=tuf,
+                               task_text=record.task_input,
+                               skill_times=tuple(record.exe_time_detail)))
+        except (TufError, WorkloadError) as err:    # a TUF out of order, an unknown trace
+            raise WorkloadInputError(str(path), str(err), f'record {position}') from None
     return tasks
 
 

@@ -133,13 +133,16 @@ def _none_text(value: object) -> object:
 
 
 def _yaml_value(value: object) -> object:
+    """A backend option's text as the YAML value it spells (``4`` -> 4, ``[1, 2]`` -> a list),
+    parsed within :data:`~timelyllm_ros.safe_files.VALUE_TEXT`'s bounds. Text that is not
+    YAML, or not within the bounds (refused before anything expands), stays text."""
     if not isinstance(value, str):
         return value
-    import yaml
+    from timelyllm_ros.safe_files import VALUE_TEXT, EngineInputError, InputError, parse_yaml
 
     try:
-        return yaml.safe_load(value)
-    except yaml.YAMLError:
+        return parse_yaml(value, 'engine option', EngineInputError, VALUE_TEXT)
+    except InputError:
         return value
 
 

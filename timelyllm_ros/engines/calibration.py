@@ -9,28 +9,33 @@ the idealised engine they were written for: no fixed cost, whole prefills, free 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from timelyllm_ros.engines.base import EngineBehaviour, ResumeModel
 from timelyllm_ros.errors import EngineError
+from timelyllm_ros.safe_files import YAML_FILE, EngineInputError, load_yaml
 
 CALIBRATION_DIR = Path(__file__).resolve().parent.parent / 'data' / 'calibration'
 DEFAULT_CALIBRATION = 'llama3-8b-fp16_rtx4090'
 
 
+# Latencies are finite and not negative: a NaN or infinite one would stop the simulated clock.
+_Ms = Annotated[float, Field(ge=0)]
+
+
 class _Curve(BaseModel):
-    model_config = ConfigDict(extra='forbid', frozen=True)
+    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
 
 
 class PrefillCurve(_Curve):
     tokens: list[int] = Field(min_length=2)
-    ms: list[float] = Field(min_length=2)
+    ms: list[_Ms] = Field(min_length=2)
 
     @model_validator(mode='after')
     def _shape(self) -> PrefillCurve:
@@ -42,7 +47,7 @@ class PrefillCurve(_Curve):
 class DecodeCurve(_Curve):
     reference_context_tokens: int = Field(ge=0)
     batch: list[int] = Field(min_length=1)
-    ms: list[float] = Field(min_length=1)
+    ms: list[_Ms] = Field(min_length=1)
 
     @model_validator(mode='after')
     def _shape(self) -> DecodeCurve:
@@ -62,7 +67,7 @@ class Calibration(BaseModel):
     """Prefill and decode latency, KV capacity, swap bandwidth and engine behaviour of one
     deployment (model, hardware, serving engine)."""
 
-    model_config = ConfigDict(extra='forbid', frozen=True)
+    model_config = ConfigDict(extra='forbid', frozen=True, allow_inf_nan=False)
 
     schema_version: Literal[1, 2] = 1
     model: str
@@ -87,6 +92,10 @@ class Calibration(BaseModel):
     def _engine_needs_schema_2(self) -> Calibration:
         if self.schema_version == 1 and self.engine != EngineBehaviour():
             raise ValueError('an engine section needs schema_version: 2')
+        # EngineBehaviour's own fields take inf (a bound of ge=0 only); here it is a latency.
+        for name, value in self.engine.model_dump().items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f'engine.{name} must be a finite number, got {value}')
         return self
 
     def resume_tail_tokens(self, context_tokens: int) -> int:
@@ -148,7 +157,9 @@ def load_calibration(name_or_path: str | Path = DEFAULT_CALIBRATION) -> Calibrat
     """Load a bundled calibration by name or any calibration YAML by path.
 
     Raises:
-        EngineError: the file is missing or invalid (the message names file and field).
+        EngineError: the file is missing or cannot be read.
+        EngineInputError: the file is too large, not UTF-8 YAML or invalid (the message names
+            file and field).
     """
     candidate = Path(name_or_path)
     path = candidate if candidate.suffix in ('.yaml', '.yml') else (
@@ -157,10 +168,12 @@ def load_calibration(name_or_path: str | Path = DEFAULT_CALIBRATION) -> Calibrat
         known = ', '.join(sorted(p.stem for p in CALIBRATION_DIR.glob('*.yaml')))
         raise EngineError(f'no calibration {str(name_or_path)!r} ({path}); bundled: {known}')
     try:
-        return Calibration.model_validate(yaml.safe_load(path.read_text(encoding='utf-8')))
-    except yaml.YAMLError as err:
-        raise EngineError(f'{path}: not valid YAML: {err}') from None
+        data = load_yaml(path, EngineInputError, YAML_FILE)
+    except OSError as err:
+        raise EngineError(f'{path}: cannot read calibration: {err.strerror}') from None
+    try:
+        return Calibration.model_validate(data)
     except ValidationError as err:
         problems = '; '.join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in err.errors())
-        raise EngineError(f'{path}: invalid calibration: {problems}') from None
+        raise EngineInputError(str(path), f'invalid calibration: {problems}') from None

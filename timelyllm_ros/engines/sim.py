@@ -43,6 +43,7 @@ from timelyllm_ros.engines.calibration import Calibration, load_calibration
 from timelyllm_ros.engines.kv import KvCacheManager
 from timelyllm_ros.engines.scripts import ScriptSource, TraceScripts
 from timelyllm_ros.errors import EngineError
+from timelyllm_ros.safe_files import EngineInputError
 
 
 @dataclass(slots=True)
@@ -85,6 +86,13 @@ class SimulatedEngine(Engine):
                 for a real engine behind live nodes on a wall clock.
             scripts: where the plans of live goals come from (default: the bundled traces).
         """
+        # Checked because 0 would not fail but fall back to the calibration's cap unseen, and
+        # a negative lookahead or failure step would make no sense.
+        for option, value, low in (('max_num_seqs', max_num_seqs, 1),
+                                   ('lookahead_tokens', lookahead_tokens, 0),
+                                   ('fail_at_step', fail_at_step, 0)):
+            if value is not None and value < low:
+                raise EngineInputError("engine 'sim'", f'must be >= {low}, got {value}', option)
         self.calibration = calibration or load_calibration()
         cal = self.calibration
         self.kv = KvCacheManager(
