@@ -15,9 +15,11 @@ traceback. So every one of them is read and parsed here, bounded before it is pa
   (no ``NaN``, ``Infinity`` or 5000-digit integers).
 
 The parsed document is returned as ``Any``, as :func:`json.loads` returns it: its loader
-validates its shape. What breaks a bound is an :class:`InputError` naming the source, the field (where there is
-one) and the reason. Loaders raise it as the subclass their callers already catch
-(:class:`WorkloadInputError` is a :class:`~timelyllm_ros.errors.WorkloadError`, and so on).
+validates its shape. What breaks a bound is an :class:`InputError` naming the source, the
+field (where there is one) and the reason. Loaders raise it as the subclass their callers
+already catch (:class:`WorkloadInputError` is a
+:class:`~timelyllm_ros.errors.WorkloadError`, and so on).
+
 The command lines run their commands through :func:`refusing_input`: refused input prints
 ``error: <source>: <field>: <reason>`` and exits 2, as argparse does for a bad argument; the
 argparse types below give each numeric argument its range the same way.
