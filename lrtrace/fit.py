@@ -47,7 +47,6 @@ and the sample counts.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ from timelyllm_ros.exec_time import (
     parametric_problem,
 )
 from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
+from timelyllm_ros.safe_files import DATA_FILE, InputError, TraceInputError, parse_json
 from timelyllm_ros.segmenter import segment_text
 
 __all__ = ['FitReport', 'SkillFit', 'bag_time_scale', 'collect_samples', 'fit_profile',
@@ -211,7 +211,7 @@ def recorded_reference(bags: Sequence[TraceBag]) -> tuple[dict[str, Any], str]:
         if not text:
             continue
         try:
-            data = json.loads(text)
+            data = parse_json(text, f'{bag.path}: reference_models', TraceInputError, DATA_FILE)
             recorded = {str(k): _MODEL.validate_python(v) for k, v in dict(data).items()}
         except (ValueError, TypeError, ValidationError) as err:
             raise TraceFormatError(f'{bag.path}: invalid reference_models in the bag meta: '
@@ -239,8 +239,8 @@ def profile_skips(bags: Sequence[TraceBag]) -> dict[str, str]:
         if not text:
             continue
         try:
-            data = json.loads(text)
-        except ValueError:
+            data = parse_json(text, f'{bag.path}: skipped', TraceInputError, DATA_FILE)
+        except InputError:
             continue
         if isinstance(data, Mapping):
             for name, why in data.items():
