@@ -1,6 +1,9 @@
 """``lrtrace``: record, profile, fit, replay and inspect LRTrace bags.
 
-A thin ``main(argv) -> int`` over library calls; errors print ``ERROR: …`` and return 1.
+A thin ``main(argv) -> int`` over library calls. Input refused (an argument out of range, a
+hostile or invalid file) prints ``error: <where>: <field>: <reason>`` and returns 2 before any
+work starts; other errors print ``ERROR: …`` and return 1. A bag or file to write (``--out``,
+``--json``, ``--plot``) must be in a directory that exists.
 
 * ``record``  -- simulate a workload and record every task into a bag;
 * ``profile`` -- drive every skill of a robot over a grid of arguments through the skill
@@ -24,6 +27,21 @@ from pathlib import Path
 from typing import Any
 
 from timelyllm_ros.errors import run_command
+from timelyllm_ros.safe_files import (
+    RobotInputError,
+    float_arg,
+    int_arg,
+    load_yaml,
+    new_path,
+    output_file,
+    refusing_input,
+)
+
+SEED = int_arg(0)                    # numpy's generators take no negative seed
+COMM_MS = float_arg(0.0, 3_600_000.0)
+JITTER = float_arg(0.0, 10.0)        # relative standard deviation of execution times
+MAX_PROFILE_CALLS = 100_000
+"""Most calls of one skill an ``lrtrace profile`` may make (grid points x repeats)."""
 
 
 def cmd_record(args: argparse.Namespace) -> int:
@@ -53,25 +71,31 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def _read_poses(path: str) -> dict[str, list[float]]:
-    """Object poses ``{name: [x, y, z, rx, ry, rz]}`` from a JSON or YAML file."""
-    import yaml
-
+    """Object poses ``{name: [x, y, z, rx, ry, rz]}`` from a JSON or YAML file (JSON is
+    YAML), read within the bounds of :mod:`timelyllm_ros.safe_files`; coordinates finite."""
     from timelyllm_ros.errors import RobotError
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding='utf-8'))
-    except (OSError, yaml.YAMLError) as err:
-        raise RobotError(f'{path}: cannot read poses: {err}') from None
+        data = load_yaml(path, RobotInputError)
+    except OSError as err:
+        raise RobotError(f'{path}: cannot read poses: {err.strerror}') from None
     if not isinstance(data, dict) or not all(
-            isinstance(v, list) and len(v) == 6 and all(isinstance(x, (int, float)) for x in v)
+            isinstance(v, list) and len(v) == 6
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                    and math.isfinite(x) for x in v)
             for v in data.values()):
-        raise RobotError(f'{path}: poses must map object names to [x, y, z, rx, ry, rz]')
+        raise RobotInputError(path, 'poses must map object names to [x, y, z, rx, ry, rz] '
+                              '(finite numbers)')
     return {str(k): [float(x) for x in v] for k, v in data.items()}
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from lrtrace.profiling import profile_robot
 
+    if args.grid is not None and args.repeats is not None and (
+            args.grid * args.repeats > MAX_PROFILE_CALLS):
+        raise RobotInputError('', f'{args.grid} x {args.repeats} calls per skill, more than '
+                              f'{MAX_PROFILE_CALLS}', '--grid x --repeats')
     poses = _read_poses(args.poses) if args.poses else None
     run = profile_robot(args.robot, args.backend, args.out, grid=args.grid,
                         repeats=args.repeats, time_scale=args.time_scale, host=args.host,
@@ -179,14 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     record.add_argument('--workload', default='wid1', help='built-in or authors workload')
     record.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
     record.add_argument('--policy', default='timelyllm')
-    record.add_argument('--seed', type=int, default=0)
-    record.add_argument('--limit', type=int, help='record only the first N tasks')
-    record.add_argument('--jitter', type=float, default=0.0,
-                        help='relative std of simulated execution times')
-    record.add_argument('--comm-ms', type=float, default=8.0, help='network latency (ms)')
-    record.add_argument('--chunk-size', type=int, default=32 * 1024,
+    record.add_argument('--seed', type=SEED, default=0)
+    record.add_argument('--limit', type=int_arg(1), help='record only the first N tasks')
+    record.add_argument('--jitter', type=JITTER, default=0.0,
+                        help='relative std of simulated execution times (0 to 10)')
+    record.add_argument('--comm-ms', type=COMM_MS, default=8.0, help='network latency (ms)')
+    record.add_argument('--chunk-size', type=int_arg(1, 1 << 30), default=32 * 1024,
                         help='bytes per flushed MCAP chunk')
-    record.add_argument('--out', required=True, help='bag directory to create')
+    record.add_argument('--out', type=new_path, required=True, help='bag directory to create')
     record.set_defaults(func=cmd_record)
 
     profile = sub.add_parser('profile', help='profile every skill of a robot into a bag')
@@ -194,10 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument('--backend', default='sim',
                          help='sim (simulated), emulator (loopback emulator through the real '
                          'client), djitellopy (a real Tello) or indydcp3 (a real Indy7)')
-    profile.add_argument('--grid', type=int, default=None,
+    profile.add_argument('--grid', type=int_arg(None, 1000), default=None,
                          help='argument values per numeric skill, calls per constant skill '
                          '(default: 13 sim, 6 otherwise)')
-    profile.add_argument('--repeats', type=int, default=None,
+    profile.add_argument('--repeats', type=int_arg(None, 1000), default=None,
                          help='runs of the whole grid (default: 3 sim, 1 tello emulator, '
                          '2 otherwise)')
     profile.add_argument('--time-scale', type=float, default=None,
@@ -207,10 +231,10 @@ def build_parser() -> argparse.ArgumentParser:
                          'address the emulator listens on')
     profile.add_argument('--poses', help='indydcp3: JSON/YAML {object: [x, y, z, rx, ry, rz]} '
                          'for move_to/pick/place')
-    profile.add_argument('--jitter', type=float, default=0.0,
-                         help='relative std of the simulated backend')
-    profile.add_argument('--seed', type=int, default=0)
-    profile.add_argument('--out', required=True, help='bag directory to create')
+    profile.add_argument('--jitter', type=JITTER, default=0.0,
+                         help='relative std of the simulated backend (0 to 10)')
+    profile.add_argument('--seed', type=SEED, default=0)
+    profile.add_argument('--out', type=new_path, required=True, help='bag directory to create')
     profile.set_defaults(func=cmd_profile)
 
     fit = sub.add_parser('fit', help='refit execution-time models from recorded skills')
@@ -218,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument('--robot', required=True, help='tello, indy7 or a profile YAML')
     fit.add_argument('--reference', help='profile rel_error compares with (default --robot)')
     fit.add_argument('--json', action='store_true', help='print the report as JSON')
-    fit.add_argument('--out', help='write the fitted profile YAML here')
+    fit.add_argument('--out', type=output_file, help='write the fitted profile YAML here')
     fit.set_defaults(func=cmd_fit)
 
     replay = sub.add_parser('replay', help='replay recorded traces through the simulated fleet')
@@ -226,16 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument('--workload-spec', help='built-in workload name or spec YAML drawn '
                         'over the recorded traces (default: the recorded arrivals)')
     replay.add_argument('--policy', default='timelyllm')
-    replay.add_argument('--seed', type=int, default=0)
-    replay.add_argument('--comm-ms', type=float, default=8.0, help='network latency (ms)')
-    replay.add_argument('--json', help='also write the summary to this file')
+    replay.add_argument('--seed', type=SEED, default=0)
+    replay.add_argument('--comm-ms', type=COMM_MS, default=8.0, help='network latency (ms)')
+    replay.add_argument('--json', type=output_file, help='also write the summary to this file')
     replay.set_defaults(func=cmd_replay)
 
     inspect = sub.add_parser('inspect', help="tables of a bag's tasks, segments and skills")
     inspect.add_argument('bag', metavar='BAG')
     inspect.add_argument('--segments', action='store_true', help='also list segments')
     inspect.add_argument('--skills', action='store_true', help='also list skill executions')
-    inspect.add_argument('--plot', help='write the timeline figure (PNG) here')
+    inspect.add_argument('--plot', type=output_file, help='write the timeline figure (PNG) here')
     inspect.add_argument('--tasks', help='task ids to plot, comma separated')
     inspect.set_defaults(func=cmd_inspect)
     return parser
@@ -244,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``lrtrace`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    return run_command(args.func, args)
+    return run_command(refusing_input(args.func), args)
 
 
 if __name__ == '__main__':

@@ -1,6 +1,10 @@
 """``timelyllm``: run a simulated fleet, benchmark policies, measure overheads.
 
-A thin ``main(argv) -> int`` over library calls; errors print ``ERROR: …`` and return 1.
+A thin ``main(argv) -> int`` over library calls. Input refused (an argument out of range, a
+hostile or invalid file) prints ``error: <where>: <field>: <reason>`` and returns 2 before any
+work starts or any output is written; other errors print ``ERROR: …`` and return 1. A file
+to write (``--json``, ``--plans``, ``calibrate --out``) must be in a directory that exists;
+the output folders of ``bench`` and ``reproduce`` are created.
 """
 
 from __future__ import annotations
@@ -14,6 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from timelyllm_ros.admission import BATCH_MODES
 from timelyllm_ros.errors import run_command
+from timelyllm_ros.safe_files import (
+    WorkloadInputError,
+    float_arg,
+    int_arg,
+    int_list_arg,
+    output_file,
+    refusing_input,
+)
 from timelyllm_ros.scheduler import SchedulerConfig
 from timelyllm_ros.tables import (
     format_value,
@@ -33,6 +45,9 @@ def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         # Scaled down for a slow engine: the first N tasks by arrival.
         tasks = sorted(tasks, key=lambda t: t.arrival_time)[:args.tasks]
         name = f'{name}[:{args.tasks}]'
+    if not tasks:
+        raise WorkloadInputError(name, 'no task to run (a longer duration_s or a higher eps)',
+                                 'workload')
     return name, tasks
 
 
@@ -103,7 +118,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     name, tasks = _load_tasks(args)
     policies = resolve_policy_names(args.policies)
-    sizes = [int(s) for s in args.batch_sizes.split(',')] if args.batch_sizes else []
+    sizes: list[int] = args.batch_sizes or []
     steps = len(policies) + len(sizes) * len([p for p in ('vllm', 'timelyllm') if p in policies]
                                              or policies)
     with tqdm(total=steps, desc=f'bench {name}', unit='run', disable=args.quiet,
@@ -145,9 +160,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_overhead(args: argparse.Namespace) -> int:
     from timelyllm_ros.bench import scheduling_overhead
 
-    sizes = [int(s) for s in args.queued.split(',')]
     result = {str(n): scheduling_overhead(n, repeats=args.repeats, policy=args.policy) * 1000.0
-              for n in sizes}
+              for n in args.queued}
     if args.json:
         print(json.dumps(result))
     else:
@@ -203,7 +217,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
         return 2
     traces = load_trace_set().traces
     if args.tasks:
-        wanted = {int(x) for x in args.tasks.split(',')}
+        wanted = set(args.tasks)
         traces = [t for t in traces if t.id in wanted]
     engine = _create_engine(args)
     try:
@@ -250,8 +264,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     stats = engine.stats()
     model = args.label or stats.model or args.model or args.engine
     hardware = stats.hardware if engine.supports('scripted_plans') else None
-    lengths = [int(x) for x in args.prefill_tokens.split(',')]
-    batches = [int(x) for x in args.batch_sizes.split(',')]
+    lengths: list[int] = args.prefill_tokens
+    batches: list[int] = args.batch_sizes
 
     def progress(label: str) -> None:
         if not args.quiet:
@@ -348,7 +362,7 @@ def cmd_seg_overhead(args: argparse.Namespace) -> int:
     from timelyllm_ros.seg_overhead import segmentation_overhead
 
     engine = _create_engine(args)
-    trace_ids = [int(x) for x in args.traces.split(',') if x.strip()]
+    trace_ids: list[int] = args.traces
 
     def progress(label: str) -> None:
         if not args.json:
@@ -386,6 +400,14 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+# Ranges of the numeric arguments (argparse refuses what is outside, exit status 2).
+SEED = int_arg(0)                  # numpy's generators take no negative seed
+MAX_BATCH = 4096
+MAX_TOKENS = 1_000_000
+BATCH_SIZES = int_list_arg(1, MAX_BATCH)
+TRACE_IDS = int_list_arg(0, 1_000_000)
+
+
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     from timelyllm_ros.workloads import workload_names
 
@@ -393,16 +415,18 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                         help=f'{"|".join(workload_names())} (default wid1)')
     parser.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
     parser.add_argument('--compose', help='programmable composition, e.g. "(1,2),8,9"')
-    parser.add_argument('--seed', type=int, default=0, help='seeds arrivals and robots')
-    parser.add_argument('--comm-ms', type=float, default=8.0, help='network latency (ms)')
-    parser.add_argument('--max-batch', type=int, default=None, help='fixed batch cap')
+    parser.add_argument('--seed', type=SEED, default=0, help='seeds arrivals and robots')
+    parser.add_argument('--comm-ms', type=float_arg(0.0, 3_600_000.0), default=8.0,
+                        help='network latency (ms)')
+    parser.add_argument('--max-batch', type=int_arg(1, MAX_BATCH), default=None,
+                        help='fixed batch cap')
     parser.add_argument('--batch-mode', choices=BATCH_MODES, default='latency-guided',
                         help="TimelyLLM's admission: latency-guided (§4.4, default) or fixed "
                              "(batch cap and memory only, as the paper's batch sweeps)")
     parser.add_argument('--calibration', default=None, help='calibration name or YAML path')
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')
-    parser.add_argument('--tasks', type=int, default=None, metavar='N',
+    parser.add_argument('--tasks', type=int_arg(1), default=None, metavar='N',
                         help='only the first N tasks by arrival (scale down for a slow engine)')
     _add_engine_args(parser, default_force=True)
 
@@ -438,20 +462,22 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser('run', help='simulate a fleet on a workload under one policy')
     _add_workload_args(run)
     run.add_argument('--policy', default='timelyllm')
-    run.add_argument('--json', help='also write the summary to this file')
+    run.add_argument('--json', type=output_file, help='also write the summary to this file')
     run.set_defaults(func=cmd_run)
 
     bench = sub.add_parser('bench', help='all policies side by side on one workload')
     _add_workload_args(bench)
     bench.add_argument('--policies', default='paper', help="'all', 'paper' or a,b,c")
     bench.add_argument('--out', default='bench-out', help='output directory')
-    bench.add_argument('--batch-sizes', help='also sweep fixed batch sizes, e.g. 1,2,4,6,8,12')
+    bench.add_argument('--batch-sizes', type=BATCH_SIZES,
+                       help='also sweep fixed batch sizes, e.g. 1,2,4,6,8,12')
     bench.add_argument('--quiet', action='store_true', help='no progress bar')
     bench.set_defaults(func=cmd_bench)
 
     overhead = sub.add_parser('overhead', help='median time of one scheduling decision')
-    overhead.add_argument('--queued', default='1,8,100,10000')
-    overhead.add_argument('--repeats', type=int, default=200)
+    overhead.add_argument('--queued', type=int_list_arg(1, 1_000_000), default='1,8,100,10000',
+                          help='queue sizes, e.g. 1,8,100 (each at most 1000000)')
+    overhead.add_argument('--repeats', type=int_arg(1, 1_000_000), default=200)
     overhead.add_argument('--policy', default='timelyllm')
     overhead.add_argument('--json', action='store_true')
     overhead.set_defaults(func=cmd_overhead)
@@ -459,24 +485,29 @@ def build_parser() -> argparse.ArgumentParser:
     speed = sub.add_parser('simspeed', help='simulated seconds per wall-clock second')
     _add_workload_args(speed)
     speed.add_argument('--policies', default='paper')
-    speed.add_argument('--repeats', type=int, default=3)
+    speed.add_argument('--repeats', type=int_arg(1, 1000), default=3)
     speed.add_argument('--json', action='store_true')
     speed.set_defaults(func=cmd_simspeed)
 
     calibrate = sub.add_parser('calibrate', help='measure an engine; write a calibration YAML')
     _add_engine_args(calibrate, default_force=True)
     calibrate.add_argument('--calibration', default=None, help='(--engine sim) the model')
-    calibrate.add_argument('--out', required=True, help='calibration YAML to write')
+    calibrate.add_argument('--out', type=output_file, required=True,
+                           help='calibration YAML to write')
     calibrate.add_argument('--label', default=None, help='model label written to the file')
-    calibrate.add_argument('--prefill-tokens', default='16,64,128,256,512,1024',
+    calibrate.add_argument('--prefill-tokens', type=int_list_arg(1, MAX_TOKENS),
+                           default='16,64,128,256,512,1024',
                            help='prompt lengths of the prefill curve')
-    calibrate.add_argument('--batch-sizes', default='1,2,4,8', help='decode batch sizes')
-    calibrate.add_argument('--context', type=int, default=256,
+    calibrate.add_argument('--batch-sizes', type=BATCH_SIZES, default='1,2,4,8',
+                           help='decode batch sizes')
+    calibrate.add_argument('--context', type=int_arg(1, MAX_TOKENS), default=256,
                            help='prompt tokens of each decode measurement (reference context)')
-    calibrate.add_argument('--long-context', type=int, default=1024,
+    calibrate.add_argument('--long-context', type=int_arg(1, MAX_TOKENS), default=1024,
                            help='longer prompt for the cost per context token')
-    calibrate.add_argument('--steps', type=int, default=8, help='decode iterations per point')
-    calibrate.add_argument('--repeats', type=int, default=2, help='prefill runs per length')
+    calibrate.add_argument('--steps', type=int_arg(1, 10_000), default=8,
+                           help='decode iterations per point')
+    calibrate.add_argument('--repeats', type=int_arg(1, 1000), default=2,
+                           help='prefill runs per length')
     calibrate.add_argument('--quiet', action='store_true')
     calibrate.set_defaults(func=cmd_calibrate)
 
@@ -485,12 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "robot's limits, executed on the emulators")
     _add_engine_args(quality, default_force=False)
     quality.add_argument('--calibration', default=None, help=argparse.SUPPRESS)
-    quality.add_argument('--tasks', default=None, help='trace ids, e.g. 1,2,12 (default: all)')
+    quality.add_argument('--tasks', type=TRACE_IDS, default=None,
+                         help='trace ids, e.g. 1,2,12 (default: all)')
     quality.add_argument('--json', action='store_true',
                          help='print {"overall": Q, "by_robot": {KIND: Q}} with Q = {plans, '
                               'parsed, within_limits, executed_ok, tokens_mean, '
                               'decode_ms_per_token}')
-    quality.add_argument('--plans', default=None, metavar='FILE',
+    quality.add_argument('--plans', type=output_file, default=None, metavar='FILE',
                          help='also write every plan and its verdict to this JSON file')
     quality.add_argument('--quiet', action='store_true', help='no line per plan on stderr')
     quality.set_defaults(func=cmd_plan_quality)
@@ -499,10 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help='segmented vs whole generation of traces on a real engine')
     _add_engine_args(seg, default_force=False)
     seg.add_argument('--calibration', default=None, help='(--engine sim) the model')
-    seg.add_argument('--traces', default='1,2,3', help='trace ids, e.g. 1,2,3')
-    seg.add_argument('--repeats', type=int, default=3,
+    seg.add_argument('--traces', type=TRACE_IDS, default='1,2,3', help='trace ids, e.g. 1,2,3')
+    seg.add_argument('--repeats', type=int_arg(1, 1000), default=3,
                      help='measured pairs of runs per trace (medians)')
-    seg.add_argument('--max-tokens', type=int, default=None,
+    seg.add_argument('--max-tokens', type=int_arg(1, MAX_TOKENS), default=None,
                      help="generation limit (default: the robot profile's)")
     seg.add_argument('--prompt-cache', choices=('warm', 'cold'), default='warm',
                      help="warm: the robot's prompt prefix stays cached between runs (a serving "
@@ -537,7 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument('--calibration', default=None,
                        help="latency model (default: the paper's setup, "
                             'llama3-8b-fp16_rtx4090_vllm054)')
-    repro.add_argument('--seed', type=int, default=0, help='seeds arrivals and robots')
+    repro.add_argument('--seed', type=SEED, default=0, help='seeds arrivals and robots')
     repro.add_argument('--quiet', action='store_true', help='no progress bar')
     repro.set_defaults(func=cmd_reproduce)
 
@@ -548,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_command(args.func, args)
+    return run_command(refusing_input(args.func), args)
 
 
 if __name__ == '__main__':
