@@ -19,7 +19,20 @@ Counted (every one must be 0):
   disagreed with the goals' status;
 - ``bag_crashes`` and ``bag_silent_corruptions``: from ``bag_faults.run_bag_campaign``;
 - ``overload_below_target``: TimelyLLM's throughput with 1,000 robots in overload below 0.8×
-  the ``vllm`` policy's (``overload.run_overload``).
+  the ``vllm`` policy's (``overload.run_overload``);
+- from ``service_faults``: ``native_crashes_unreported`` (a native engine dying in a child
+  process, reported without its cause, or the CPU engine failing its check here),
+  ``kv_goals_failed`` (goals on the real CPU engine failed for memory although they fit
+  alone or were under way), ``skewed_reports_accepted`` and ``skewed_deadlines_lost`` (robot
+  report times on another clock), ``stop_goals_never_ended``, ``stop_goals_accepted_after``
+  and ``stop_still_serving`` (a service stopped from its own listeners or another thread);
+- ``hostile_file_crashes`` and ``hostile_file_hangs`` (``hostile_files``: alias bombs, deep
+  nesting, huge or non-finite numbers, non-UTF-8 and endless files into every loader and
+  command line);
+- ``tello_frozen_state``, ``tello_spoofed_success`` and ``tello_crashes``
+  (``hostile_datagrams``: datagrams at the Tello backend during its motions);
+- ``degenerate_models_written`` (``degenerate_fits``: timing sets that fit falling or
+  zero-second models).
 """
 
 from __future__ import annotations
@@ -545,11 +558,71 @@ def bags_section(tally: Tally, seed: int, cases: int) -> dict[str, object]:
     return result
 
 
+def counted_section(tally: Tally, result: dict[str, int]) -> dict[str, int]:
+    """Add a section's must-be-zero counts to the tally; its other figures (``cases``, what
+    was refused on purpose) stay in the section's result, which is returned."""
+    for key, value in result.items():
+        if key in REQUIRED_ZERO:
+            tally.counts[key] += int(value)
+    return result
+
+
+def native_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from service_faults import native_crash_cases  # type: ignore[import-not-found]
+
+    return counted_section(tally, native_crash_cases(seed, cases))
+
+
+def kv_section(tally: Tally, seed: int, runs: int) -> dict[str, int]:
+    from service_faults import kv_pressure_runs  # type: ignore[import-not-found]
+
+    return counted_section(tally, kv_pressure_runs(seed, runs))
+
+
+def skew_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from service_faults import clock_skew_cases  # type: ignore[import-not-found]
+
+    return counted_section(tally, clock_skew_cases(seed, cases))
+
+
+def stop_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from service_faults import stop_cases  # type: ignore[import-not-found]
+
+    return counted_section(tally, stop_cases(seed, cases))
+
+
+def files_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from hostile_files import run_hostile_files_campaign  # type: ignore[import-not-found]
+
+    return counted_section(tally, run_hostile_files_campaign(seed, cases))
+
+
+def datagrams_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from hostile_datagrams import (  # type: ignore[import-not-found]
+        run_hostile_datagrams_campaign,
+    )
+
+    return counted_section(tally, run_hostile_datagrams_campaign(seed, cases))
+
+
+def fits_section(tally: Tally, seed: int, cases: int) -> dict[str, int]:
+    from degenerate_fits import run_degenerate_fit_campaign  # type: ignore[import-not-found]
+
+    return counted_section(tally, run_degenerate_fit_campaign(seed, cases))
+
+
 # -- the command ---------------------------------------------------------------------------
 REQUIRED_ZERO = ('unexpected_exceptions', 'loop_crashes', 'goals_never_ended',
                  'goals_ended_twice', 'plans_altered', 'malformed_dispatched',
                  'invariant_violations', 'bag_crashes', 'bag_silent_corruptions',
-                 'cut_text_not_a_prefix', 'reasons_quoting_input', 'overload_below_target')
+                 'cut_text_not_a_prefix', 'reasons_quoting_input', 'overload_below_target',
+                 'native_crashes_unreported', 'kv_goals_failed', 'skewed_reports_accepted',
+                 'skewed_deadlines_lost', 'stop_goals_never_ended', 'stop_goals_accepted_after',
+                 'stop_still_serving', 'hostile_file_crashes', 'hostile_file_hangs',
+                 'tello_frozen_state', 'tello_spoofed_success', 'tello_crashes',
+                 'degenerate_models_written', 'unloadable_profiles_written', 'fit_crashes')
+SECTIONS = ('goals', 'outputs', 'fleet', 'engine', 'service', 'bags', 'overload', 'native',
+            'kv', 'skew', 'stop', 'files', 'datagrams', 'fits')
 
 
 def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = (),
@@ -559,8 +632,7 @@ def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = 
     ``engine`` (e.g. ``cpu``) a section of chaos fleets on that real engine is added."""
     tally = Tally()
     cases: dict[str, object] = {}
-    wanted = sections or ('goals', 'outputs', 'fleet', 'engine', 'service', 'bags',
-                          'overload', *(('real',) if engine else ()))
+    wanted = sections or (*SECTIONS, *(('real',) if engine else ()))
 
     def size(n: int) -> int:
         return max(1, int(n * scale))
@@ -577,6 +649,13 @@ def run_campaign(seed: int = 0, scale: float = 1.0, sections: tuple[str, ...] = 
         ('bags', lambda: bags_section(tally, seed, size(300))),
         ('overload', lambda: overload_section(tally, seed, 1000 if scale >= 1 else size(1000))),
         ('real', lambda: real_engine_section(tally, seed, size(40), engine or 'cpu')),
+        ('native', lambda: native_section(tally, seed, size(16))),
+        ('kv', lambda: kv_section(tally, seed, size(4))),
+        ('skew', lambda: skew_section(tally, seed, size(500))),
+        ('stop', lambda: stop_section(tally, seed, size(30))),
+        ('files', lambda: files_section(tally, seed, size(200))),
+        ('datagrams', lambda: datagrams_section(tally, seed, size(40))),
+        ('fits', lambda: fits_section(tally, seed, size(100))),
     ])
     for name, section in plan:
         if name not in wanted:
@@ -597,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--seed', type=int, default=0)
     parser.add_argument('--scale', type=float, default=1.0, help='fraction of the case counts')
-    parser.add_argument('--sections', default='', help='comma-separated subset to run')
+    parser.add_argument('--sections', default='',
+                        help=f'comma-separated subset of {", ".join((*SECTIONS, "real"))}')
     parser.add_argument('--json', action='store_true', help='print JSON only')
     parser.add_argument('--engine', default=None,
                         help='also run chaos fleets on this real engine (cpu: llama.cpp)')
