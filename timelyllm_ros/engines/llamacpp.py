@@ -22,8 +22,25 @@ Prompts of one prefix id that join in the same iteration wait for the first one'
 that iteration, then share its prefix. ``StepResult.prefix_cached_tokens`` reports those tokens
 and the kept tokens of resumed generations.
 
-Content: greedy decoding (argmax) by default, so outputs are deterministic. With
-``force_script=True`` the request's ``script`` (the trace's token pieces) is joined, tokenized
+Content: greedy decoding (argmax) by default. What is and is not deterministic:
+
+* The same generation run the same way gives the same tokens: same prompt and grammar, same
+  model file, llama.cpp build, ``threads`` and ``flash_attn``, and the same batch history
+  (which sequences shared each ``llama_decode`` call, and whether its prompt was prefilled
+  whole, from a cached prefix, or recomputed after its KV was dropped).
+* Suspending it changes nothing: a pause keeps its KV cells, and a swap to host memory and
+  back restores them byte for byte, so a resumed generation repeats an uninterrupted one run
+  in the same batches.
+* Anything that changes the batch history or the settings may change a plan from the first
+  token where two logits nearly tie: decoding beside other goals (the matrix kernels sum in
+  another order), a prefix-cache hit or a recompute (tokens prefilled in another chunk), a
+  different thread count or CPU build. Measured on SmolLM2-135M, 8 Tello tasks: 2 of 8 plans
+  differ in a batch of 8 against each alone (first at token 10 and 12); an outside test found
+  5-8 of 16 in batches and 3 of 11 between 1 and 2 threads.
+* Goals never see each other's tokens: each sequence attends only to its own KV cells (and
+  the shared prefix of its kind), whatever the batch.
+
+With ``force_script=True`` the request's ``script`` (the trace's token pieces) is joined, tokenized
 with the model's tokenizer and fed instead of the argmax (teacher forcing): the timing is the
 model's, the content the trace's, so robots get valid plans.
 

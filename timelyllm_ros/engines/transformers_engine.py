@@ -3,7 +3,9 @@
 Every generation keeps its token ids and its own KV cache (one ``(keys, values)`` pair per layer,
 ``[1, kv_heads, tokens, head_dim]``) for as long as it lives, running or suspended, so a resumed
 generation continues from its kept cache and is never prefilled again; a resumed greedy run gives
-the same tokens as an uninterrupted one.
+the same tokens as an uninterrupted one run in the same batches (a different batch, padding or
+thread count may change the tokens after a near-tie of two logits: the kernels sum in another
+order; see the CPU engine's docstring for what was measured).
 
 One :meth:`TransformersEngine.step` is one model iteration. As in the simulator (vLLM 0.5, no
 chunked prefill) an iteration either prefills the generations that joined (each one's missing
