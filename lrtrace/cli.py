@@ -70,9 +70,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_COORDINATE = 1e6
+"""Largest pose coordinate accepted (mm or degrees)."""
+
+
+def _is_coordinate(x: object) -> bool:
+    # abs() compares exactly: no NaN or inf passes, and 10**30 is refused without a float()
+    # conversion that would overflow.
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= MAX_COORDINATE
+
+
 def _read_poses(path: str) -> dict[str, list[float]]:
     """Object poses ``{name: [x, y, z, rx, ry, rz]}`` from a JSON or YAML file (JSON is
-    YAML), read within the bounds of :mod:`timelyllm_ros.safe_files`; coordinates finite."""
+    YAML), read within the bounds of :mod:`timelyllm_ros.safe_files`; coordinates bounded."""
     from timelyllm_ros.errors import RobotError
 
     try:
@@ -80,12 +90,10 @@ def _read_poses(path: str) -> dict[str, list[float]]:
     except OSError as err:
         raise RobotError(f'{path}: cannot read poses: {err.strerror}') from None
     if not isinstance(data, dict) or not all(
-            isinstance(v, list) and len(v) == 6
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                    and math.isfinite(x) for x in v)
+            isinstance(v, list) and len(v) == 6 and all(map(_is_coordinate, v))
             for v in data.values()):
         raise RobotInputError(path, 'poses must map object names to [x, y, z, rx, ry, rz] '
-                              '(finite numbers)')
+                              f'(numbers within +-{MAX_COORDINATE:g})')
     return {str(k): [float(x) for x in v] for k, v in data.items()}
 
 
