@@ -40,6 +40,7 @@ def _skip_cpu_engine_if_it_crashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
     build = llamacpp.LlamaCppEngine.__init__
 
+    @functools.wraps(build)      # keeps the signature: create_engine reads the options from it
     def guarded(self: Any, *args: Any, **kwargs: Any) -> None:
         check = cpu_engine_check()
         if not check.ok:
