@@ -58,6 +58,20 @@ def test_decode_s(batch: int, context: int, ms: float) -> None:
     assert CAL.decode_s(batch, context) == pytest.approx(ms / 1000, rel=1e-12, abs=1e-15)
 
 
+def test_a_noisy_calibration_never_gives_a_negative_time() -> None:
+    """Measured on a busy machine, a decode curve can fall with the batch and a prefill curve
+    can start steep: extrapolated, they went below zero and ran the simulated clock back
+    (validate-sim on the CPU engine: 'clock cannot go back')."""
+    falling = tiny_calibration(
+        prefill_ms={'tokens': [16, 128], 'ms': [30.0, 5.0]},
+        decode_ms={'reference_context_tokens': 500, 'batch': [1, 4, 8], 'ms': [20.0, 12.0, 3.0]},
+        decode_ms_per_context_token=0.05)
+    assert falling.prefill_s(1000) == 0.0 and falling.prefill_s(16) == pytest.approx(0.03)
+    assert falling.decode_s(32, 32 * 500) == 0.0          # the curve extrapolated below zero
+    assert falling.decode_s(1, 10) == 0.0                 # a short context subtracted too much
+    assert falling.decode_s(1, 500) == pytest.approx(0.02)
+
+
 def test_swap_in_s() -> None:
     # 1331 tokens at 0.00714 ms/token = 9.50334 ms (paper §4.1: 9.50 ms)
     assert CAL.swap_in_s(1331) == pytest.approx(0.00950334)

@@ -111,7 +111,8 @@ class Calibration(BaseModel):
         """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""
         if tokens <= 0:
             return 0.0
-        return piecewise_linear(tokens, self.prefill_ms.tokens, self.prefill_ms.ms) / 1000.0
+        ms = piecewise_linear(tokens, self.prefill_ms.tokens, self.prefill_ms.ms)
+        return max(ms, 0.0) / 1000.0        # a falling end segment extrapolates below zero
 
     def context_prefill_s(self, tokens: int, context_tokens: int) -> float:
         """What prefilling ``tokens`` new tokens costs beyond :meth:`prefill_s` when
@@ -137,7 +138,10 @@ class Calibration(BaseModel):
             return 0.0
         base = piecewise_linear(batch, self.decode_ms.batch, self.decode_ms.ms)
         extra = context_tokens - batch * self.decode_ms.reference_context_tokens
-        return (base + self.decode_ms_per_context_token * extra) / 1000.0
+        # Never below zero: a curve measured on a busy machine may fall with the batch, and a
+        # context shorter than the reference subtracts; a negative time would run the
+        # simulated clock backwards.
+        return max(base + self.decode_ms_per_context_token * extra, 0.0) / 1000.0
 
     def swap_in_s(self, tokens: int) -> float:
         return tokens * self.swap_in_ms_per_token / 1000.0
