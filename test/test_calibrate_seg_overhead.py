@@ -68,9 +68,13 @@ def test_seg_overhead_from_a_cold_prompt_cache_adds_the_prompt_prefill_to_both_r
     calibration = load_calibration('llama3-8b-fp16_rtx4090_vllm054')
     warm = segmentation_overhead(SimulatedEngine(calibration), [6])['6']
     cold = segmentation_overhead(SimulatedEngine(calibration), [6], prompt_cache='cold')['6']
-    assert cold['overhead_ms'] == pytest.approx(warm['overhead_ms'], abs=0.01)
+    # Simulated times only: overhead_ms and segmented_ms also hold the wall time of the
+    # pause/resume calls (host_ms), a few microseconds that a busy machine stretches.
+    assert cold['engine_overhead_ms'] == pytest.approx(warm['engine_overhead_ms'], abs=0.01)
     added = cold['whole_ms'] - warm['whole_ms']      # type: ignore[operator]
-    assert added == pytest.approx(cold['segmented_ms'] - warm['segmented_ms'], abs=0.01)
+    segmented_added = ((cold['segmented_ms'] - cold['host_ms'])      # type: ignore[operator]
+                       - (warm['segmented_ms'] - warm['host_ms']))   # type: ignore[operator]
+    assert added == pytest.approx(segmented_added, abs=0.01)
     assert added > 100.0           # most of the 1331-token prompt is the cacheable prefix
     assert cold['overhead_pct'] < warm['overhead_pct']  # type: ignore[operator]
 
