@@ -263,10 +263,10 @@ class Scheduler:
         generation = self._get(task_id)
         if not 0 <= index < len(generation.segments):
             raise GoalError(f'task {task_id!r} has no dispatched segment {index}')
-        problem = self._report_time_problem(generation.segments[index], start_time, end_time)
+        segment = generation.segments[index]
+        problem = self._report_time_problem(segment, start_time, end_time)
         if problem is not None:
             raise GoalError(f'task {task_id!r} segment {index}: {problem}')
-        segment = generation.segments[index]
         segment.start_time, segment.end_time = start_time, end_time
         segment.success, segment.error = success, error
         if generation.status.terminal:
