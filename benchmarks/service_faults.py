@@ -190,58 +190,60 @@ def _drain(scheduler: Scheduler, max_ticks: int = 500) -> None:
 
 
 # -- a stop from anywhere ----------------------------------------------------------------------
+class _StopCase:
+    """One service that a segment listener, an end listener or another thread stops once
+    ``after`` segments or ends were seen, while ``goals`` goals are served."""
+
+    def __init__(self, where: str, after: int, goals: int) -> None:
+        self.where, self.after, self.goals = where, after, goals
+        self.service = PlannerService.create(config=SchedulerConfig(report_deadlines=False))
+        self.ends: Counter[str] = Counter()
+        self.segments = 0
+        self.lock = threading.Lock()
+        self.all_ended = threading.Event()
+        self.stopped = threading.Event()
+
+    def stop_once(self) -> None:
+        if not self.stopped.is_set():
+            self.stopped.set()
+            self.service.stop()
+
+    def on_segment(self, generation: Generation, segment: object) -> None:
+        self.segments += 1
+        if self.where == 'segment' and self.segments >= self.after:
+            self.stop_once()
+
+    def on_end(self, generation: Generation) -> None:
+        with self.lock:
+            self.ends[generation.task_id] += 1
+            if len(self.ends) == self.goals:
+                self.all_ended.set()
+        if self.where == 'end' and len(self.ends) >= self.after:
+            self.stop_once()
+
+
 def stop_cases(seed: int, cases: int, goals: int = 8) -> dict[str, int]:
     """Services stopped at a random moment: from a segment listener, an end listener, or
     another thread, while goals are being served."""
     rng = np.random.default_rng(seed + 17)
     never = accepted_after = serving = 0
     for _ in range(cases):
-        where = ('segment', 'end', 'thread')[int(rng.integers(3))]
-        after = int(rng.integers(1, goals))
-        service = PlannerService.create(config=SchedulerConfig(report_deadlines=False))
-        ends: Counter[str] = Counter()
-        seen = Counter[str]()
-        lock = threading.Lock()
-        all_ended = threading.Event()
-        stopped = threading.Event()
-
-        def stop_once(service: PlannerService = service,
-                      stopped: threading.Event = stopped) -> None:
-            if not stopped.is_set():
-                stopped.set()
-                service.stop()
-
-        def on_segment(generation: Generation, segment: object, where: str = where,
-                       after: int = after, seen: Counter[str] = seen,
-                       stop_once: object = stop_once) -> None:
-            seen['segments'] += 1
-            if where == 'segment' and seen['segments'] >= after:
-                stop_once()  # type: ignore[operator]
-
-        def on_end(generation: Generation, where: str = where, after: int = after,
-                   ends: Counter[str] = ends, lock: threading.Lock = lock,
-                   all_ended: threading.Event = all_ended,
-                   stop_once: object = stop_once) -> None:
-            with lock:
-                ends[generation.task_id] += 1
-                if len(ends) == goals:
-                    all_ended.set()
-            if where == 'end' and len(ends) >= after:
-                stop_once()  # type: ignore[operator]
-
+        case = _StopCase(('segment', 'end', 'thread')[int(rng.integers(3))],
+                         int(rng.integers(1, goals)), goals)
+        service = case.service
         ids: list[str] = []
         with service:
             for i in range(goals):
                 wait = bool(rng.integers(2))
                 ids.append(service.submit(
                     PlanGoal(f'drone_{i}', 'tello', TASKS[i % len(TASKS)],
-                             wait_for_execution=wait), on_segment, on_end))
-            if where == 'thread':
+                             wait_for_execution=wait), case.on_segment, case.on_end))
+            if case.where == 'thread':
                 time.sleep(float(rng.uniform(0.0, 0.5)))
-                threading.Thread(target=stop_once).start()
-            if not all_ended.wait(60.0):
-                stop_once()              # the segment/end never came: stop from here
-            all_ended.wait(30.0)
+                threading.Thread(target=case.stop_once).start()
+            if not case.all_ended.wait(60.0):
+                case.stop_once()         # the segment/end never came: stop from here
+            case.all_ended.wait(30.0)
             deadline = time.monotonic() + 10.0
             while service.state().status == 'serving' and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -253,8 +255,8 @@ def stop_cases(seed: int, cases: int, goals: int = 8) -> dict[str, int]:
                 accepted_after += 1
             except GoalError:
                 pass
-        never += sum(1 for goal_id in ids if ends[goal_id] == 0)
-        never += sum(1 for goal_id in ids if ends[goal_id] > 1)   # ended twice is as bad
+        never += sum(1 for goal_id in ids if case.ends[goal_id] == 0)
+        never += sum(1 for goal_id in ids if case.ends[goal_id] > 1)   # ended twice is as bad
     return {'cases': cases, 'stop_goals_never_ended': never,
             'stop_goals_accepted_after': accepted_after, 'stop_still_serving': serving}
 
