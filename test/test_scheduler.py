@@ -7,8 +7,9 @@ from utils import make_scheduler, make_spec, tiny_calibration
 
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.errors import EngineError, GoalError, TufError
+from timelyllm_ros.events import Dispatch
 from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import NO_SKILL_ERROR, Dispatch, Scheduler
+from timelyllm_ros.scheduler import NO_SKILL_ERROR, Scheduler
 from timelyllm_ros.tuf import Tuf
 
 CAL = load_calibration()

@@ -42,9 +42,9 @@ from timelyllm_ros.clock import WallClock
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.errors import RobotError, describe_error
 from timelyllm_ros.plan import SkillCall, Statement
+from timelyllm_ros.plan_requests import plan_request
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Segment
-from timelyllm_ros.scheduler import plan_request
 from timelyllm_ros.segmenter import FinishReason, segment_text, statement_problem
 from timelyllm_ros.traces import Trace, load_trace_set
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from timelyllm_ros.admission import BATCH_MODES, AdmissionContext, BatchMode
 from timelyllm_ros.clock import Clock
-from timelyllm_ros.engines.base import Engine, EngineRequest, EngineView, StepResult
+from timelyllm_ros.engines.base import Engine, EngineView, StepResult
 from timelyllm_ros.errors import (
     ConfigError,
     EngineError,
@@ -40,9 +40,10 @@ from timelyllm_ros.errors import (
     ProfileError,
     describe_error,
 )
+from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.execution import estimate_max_s, estimate_min_s
-from timelyllm_ros.grammar import plan_grammar
 from timelyllm_ros.plan import Statement
+from timelyllm_ros.plan_requests import ProfileCache, task_request
 from timelyllm_ros.policies.base import Eviction, Policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.queue import GenerationQueue
@@ -89,40 +90,6 @@ class SchedulerConfig:
             raise ConfigError(f'step_smoothing must be in (0, 1], got {self.step_smoothing}')
 
 
-REPETITION_PENALTY = 1.1
-"""Greedy decoding of plans lowers the logits of tokens already written by this factor: small
-models otherwise repeat one statement up to the token limit (measured with
-``timelyllm plan-quality`` on SmolLM2-135M)."""
-
-
-def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_tokens: int,
-                 task_tokens: int = 0, script: tuple[str, ...] | None = None,
-                 grammar: bool = False) -> EngineRequest:
-    """The engine request of one task for a robot kind: its prompt (plain and as chat turns),
-    token limit, the cacheable prefix of the kind, the decoding's repetition penalty, and with
-    ``grammar`` the profile's plan grammar, ended early rather than cut inside a statement at
-    the token limit."""
-    compiled = plan_grammar(profile) if grammar else None
-    return EngineRequest(
-        request_id=request_id, prompt=profile.build_prompt(task), prompt_tokens=prompt_tokens,
-        max_tokens=profile.max_tokens, script=script,
-        prefix_id=profile.name if task_tokens else None,
-        prefix_tokens=prompt_tokens - task_tokens if task_tokens else 0,
-        grammar=compiled.gbnf if compiled is not None else None,
-        end_within=2 * profile.max_segment_tokens if compiled is not None else 0,
-        messages=profile.build_messages(task), repetition_penalty=REPETITION_PENALTY,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Dispatch:
-    """A segment to send to its robot."""
-
-    task_id: str
-    robot_id: str
-    segment: Segment
-
-
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What one tick decided before its engine iteration (task ids)."""
@@ -137,24 +104,28 @@ class Decision:
 
 @dataclass(slots=True)
 class TickResult:
-    """What one tick did."""
+    """What one tick did, and the events drained at its end (all since the last drain, in
+    order: those of robot reports or cancels handled before the tick come first)."""
 
-    duration_s: float = 0.0                                   # engine iteration time (s)
-    batch_size: int = 0                                       # generations in the iteration
-    dispatches: list[Dispatch] = field(default_factory=list)  # segments to send now
-    ended: list[Generation] = field(default_factory=list)     # reached a terminal status
-    closed: list[Generation] = field(default_factory=list)    # plan ended after its last
-                                                              # segment was dispatched
-    decision: Decision | None = None                          # what the tick decided
+    duration_s: float = 0.0                                        # engine iteration time (s)
+    batch_size: int = 0                                            # generations in it
+    events: list[SchedulerEvent] = field(default_factory=list)     # see timelyllm_ros.events
+    decision: Decision | None = None                               # what the tick decided
 
-    def merge(self, other: TickResult) -> None:
-        """Take over what ``other`` holds to report (it is left empty)."""
-        self.dispatches.extend(other.dispatches)
-        self.ended.extend(other.ended)
-        self.closed.extend(other.closed)
-        other.dispatches.clear()
-        other.ended.clear()
-        other.closed.clear()
+    @property
+    def dispatches(self) -> list[Dispatch]:
+        """The segments to send now."""
+        return [e for e in self.events if isinstance(e, Dispatch)]
+
+    @property
+    def ended(self) -> list[Generation]:
+        """The goals that reached a terminal status."""
+        return [e.generation for e in self.events if isinstance(e, Ended)]
+
+    @property
+    def closed(self) -> list[Generation]:
+        """The plans that ended after their last segment had been dispatched."""
+        return [e.generation for e in self.events if isinstance(e, Closed)]
 
 
 class Scheduler:
@@ -166,6 +137,10 @@ class Scheduler:
     as it was before the call and fails the goals it concerned. Every generated goal ends:
     a robot that does not report a dispatched segment within its deadline (see
     :class:`SchedulerConfig`) ends its goal as FAILED.
+
+    Whatever it does that a robot or a goal's owner must hear of (a dispatch, a closed plan,
+    a complete generation, an ended goal) is an event in one buffer, whichever call caused
+    it; drivers drain it (:meth:`drain_events`, or a tick's ``events``).
     """
 
     def __init__(
@@ -176,21 +151,21 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         profiles: Callable[[str], RobotProfile] = load_profile,
     ) -> None:
+        """``profiles`` loads a robot profile by name (each is asked once: a
+        :class:`~timelyllm_ros.plan_requests.ProfileCache` is used as it is)."""
         self.policy = policy
         self.engine = engine
         self.engine_view = EngineView(engine)   # all that policies see of the engine
         self.clock = clock
         self.config = config or SchedulerConfig()
-        self._load_profile = profiles
-        self._profiles: dict[str, RobotProfile] = {}
+        self.profiles = profiles if isinstance(profiles, ProfileCache) else ProfileCache(profiles)
         self.queue = GenerationQueue()
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
         self._running: dict[str, Generation] = {}
         self._deadlines: list[tuple[float, int, str, int]] = []  # (due, seq, task, segment)
         self._deadline_seq = 0
-        self._refused = TickResult()     # what decide() ended or closed, reported by the
-                                         # next tick
+        self._events: list[SchedulerEvent] = []   # not yet drained, in order
         self._seq = 0
         self.recent_step_s: float | None = None
         self.ticks = 0
@@ -215,10 +190,8 @@ class Scheduler:
             profile = self.profile(spec.profile)
         except ProfileError as err:
             raise GoalError(f'task {spec.task_id!r}: unknown robot kind: {err}') from None
-        request = plan_request(
-            profile, spec.task_id, spec.task, prompt_tokens=spec.prompt_tokens,
-            task_tokens=spec.task_tokens, script=spec.script,
-            grammar=self.config.grammar and self.engine.supports('grammar'))
+        request = task_request(profile, spec,
+                               grammar=self.config.grammar and self.engine.supports('grammar'))
         try:
             self.engine.register(request)
         except Exception as err:  # noqa: BLE001 - any engine fault refuses only this goal
@@ -321,7 +294,8 @@ class Scheduler:
 
         A segment's deadline runs from when its robot could start it (dispatch + network,
         or the previous segment's reported end) for ``report_timeout_factor`` times its
-        longest execution estimate plus ``report_timeout_margin_s``. Returns the goals ended.
+        longest execution estimate plus ``report_timeout_margin_s``. Returns the goals ended
+        (each is also an :class:`~timelyllm_ros.events.Ended` event).
         """
         ended: list[Generation] = []
         now = self.clock.now()
@@ -338,7 +312,8 @@ class Scheduler:
         return ended
 
     def fail_all(self, reason: str) -> list[Generation]:
-        """End every goal that has not ended (the service gives up); returns them."""
+        """End every goal that has not ended (the service gives up); returns them (each is
+        also an :class:`~timelyllm_ros.events.Ended` event)."""
         ended = [g for g in self.generations.values() if not g.status.terminal]
         for generation in ended:
             self._end(generation, TaskStatus.FAILED, reason)
@@ -378,22 +353,18 @@ class Scheduler:
         segment reported since, which :meth:`expire_overdue` then skips."""
         return self._deadlines[0][0] if self._deadlines else None
 
-    def schedule(self, out: TickResult | None = None, ctx: AdmissionContext | None = None
-                 ) -> Decision:
+    def schedule(self, ctx: AdmissionContext | None = None) -> Decision:
         """Decide this tick: the policy's kills and preemptions, admission, the decode mask.
 
         One admission context serves the whole decision (its running generations are a live
-        view of the batch). Goals that end here are added to ``out`` (else reported by the
-        next tick).
+        view of the batch). Goals that end here are events, as always.
         """
-        out = out if out is not None else self._refused
         ctx = ctx if ctx is not None else self._context(self.clock.now())
-        killed, preempted = self._steer(ctx, out)
-        refused_before = len(self._refused.ended)
+        killed, preempted = self._steer(ctx)
+        refused_from = len(self._events)
         admitted = self.decide(ctx)
-        refused = tuple(g.task_id for g in self._refused.ended[refused_before:])
-        if out is not self._refused:
-            out.merge(self._refused)
+        refused = tuple(e.generation.task_id for e in self._events[refused_from:]
+                        if isinstance(e, Ended))
         mask = self.policy.decode_mask(ctx) if self._running else None
         return Decision(time=ctx.now, killed=killed, preempted=preempted,
                         admitted=tuple(g.task_id for g in admitted), refused=refused,
@@ -403,10 +374,9 @@ class Scheduler:
         """Refresh priorities, then admit the best queued generations while allowed.
 
         A candidate the engine fails to start (any exception) or that cannot fit even in an
-        idle engine ends as FAILED (the next tick reports it); the scheduler changes its
-        state only once the engine accepted the generation.
+        idle engine ends as FAILED (an :class:`~timelyllm_ros.events.Ended` event); the
+        scheduler changes its state only once the engine accepted the generation.
         """
-        out = self._refused
         admitted: list[Generation] = []
         n = len(self.queue)
         if n == 0:
@@ -434,8 +404,7 @@ class Scheduler:
             except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
                 logger.error('engine failed to start %s: %s', candidate.task_id, err)
                 self._end(candidate, TaskStatus.FAILED,
-                          f'engine failure: could not start the generation: {describe_error(err)}',
-                          out)
+                          f'engine failure: could not start the generation: {describe_error(err)}')
                 n -= 1
                 priorities[row] = priorities[n]   # the queue moved its last row into this one
                 continue
@@ -451,10 +420,10 @@ class Scheduler:
                                    'after segment %d', candidate.task_id,
                                    len(candidate.segments) - 1)
                     self.queue.remove(candidate.task_id)
-                    self._on_finish(candidate, 'length', now, out)
+                    self._on_finish(candidate, 'length', now)
                 else:
                     self._end(candidate, TaskStatus.FAILED,
-                              'the prompt does not fit in the engine KV memory', out)
+                              'the prompt does not fit in the engine KV memory')
                 continue
             self.queue.remove(candidate.task_id)
             n -= 1
@@ -477,24 +446,34 @@ class Scheduler:
                                candidate.task_id, err)
 
     def tick(self) -> TickResult:
-        """One decision and one engine iteration; returns what to send to robots."""
+        """One decision and one engine iteration; returns what it did with the events drained
+        at its end (segments to send, goals ended)."""
         self.ticks += 1
         out = TickResult()
-        out.ended.extend(self.expire_overdue())
+        self._iterate(out)
+        out.events = self.drain_events()
+        return out
+
+    def drain_events(self) -> list[SchedulerEvent]:
+        """The events since the last drain, in order (the buffer is emptied)."""
+        events, self._events = self._events, []
+        return events
+
+    def _iterate(self, out: TickResult) -> None:
+        self.expire_overdue()
         started = time.perf_counter()
         ctx = self._context(self.clock.now())
-        decision = out.decision = self.schedule(out, ctx)
+        decision = out.decision = self.schedule(ctx)
         self.decision_s += time.perf_counter() - started
         if not self._running:
-            return out
+            return
         try:
             result = self.engine.step(decision.decode_mask)
         except Exception as err:  # noqa: BLE001 - the iteration's generations fail, not the loop
             logger.error('engine step failed: %s', err)
             for generation in list(self._running.values()):
-                self._end(generation, TaskStatus.FAILED, f'engine failure: {describe_error(err)}',
-                          out)
-            return out
+                self._end(generation, TaskStatus.FAILED, f'engine failure: {describe_error(err)}')
+            return
         self.clock.elapse(result.duration_s)
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
         self._note_speed(result)
@@ -505,20 +484,19 @@ class Scheduler:
         for task_id, piece in result.text.items():
             producing = self._running.get(task_id)
             if producing is not None:
-                self._isolated(producing, out, self._on_token, producing, piece,
-                               result.produced(task_id), now, out)
+                self._isolated(producing, self._on_token, producing, piece,
+                               result.produced(task_id), now)
         for task_id, reason in result.finished.items():
             finishing = self.generations.get(task_id)
             if finishing is not None and not finishing.status.terminal:
-                self._isolated(finishing, out, self._on_finish, finishing, reason, now, out)
+                self._isolated(finishing, self._on_finish, finishing, reason, now)
         for task_id in result.preempted:
             preempted = self._running.pop(task_id, None)
             if preempted is not None:
                 self._requeue_preempted(preempted)
-        return out
 
-    def _isolated(self, generation: Generation, out: TickResult,
-                  handler: Callable[..., None], *args: object) -> None:
+    def _isolated(self, generation: Generation, handler: Callable[..., None],
+                  *args: object) -> None:
         """Run one generation's handler; whatever it raises ends that goal only."""
         try:
             handler(*args)
@@ -526,26 +504,24 @@ class Scheduler:
             logger.exception('handling the output of %s failed', generation.task_id)
             if not generation.status.terminal:
                 self._end(generation, TaskStatus.FAILED,
-                          f'internal error while handling its output: {describe_error(err)}', out)
+                          f'internal error while handling its output: {describe_error(err)}')
 
-    def _on_token(self, generation: Generation, piece: str, produced: int, now: float,
-                  out: TickResult) -> None:
+    def _on_token(self, generation: Generation, piece: str, produced: int, now: float) -> None:
         generation.tokens += produced
         generation.segment_tokens += produced
         generation.pieces.append(piece)
         cut = self._segmenters[generation.task_id].feed(piece)
         if cut is not None:
-            self._on_cut(generation, cut, now, out)
+            self._on_cut(generation, cut, now)
 
-    def _steer(self, ctx: AdmissionContext, out: TickResult
-               ) -> tuple[tuple[str, ...], dict[str, Eviction]]:
+    def _steer(self, ctx: AdmissionContext) -> tuple[tuple[str, ...], dict[str, Eviction]]:
         """Apply the policy's kills and preemptions before this tick's admission; returns the
         goals killed and the generations preempted."""
         killed: list[str] = []
         for task_id, reason in self.policy.overruns(ctx).items():
             generation = self.generations.get(task_id)
             if generation is not None and generation.status < TaskStatus.GENERATED:
-                self._end(generation, TaskStatus.KILLED, reason, out)
+                self._end(generation, TaskStatus.KILLED, reason)
                 killed.append(task_id)
         preempted: dict[str, Eviction] = {}
         preempt = self.policy.preempt(ctx)
@@ -565,7 +541,7 @@ class Scheduler:
             except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
                 self._end(generation, TaskStatus.FAILED,
                           f'engine failure: could not preempt the generation: '
-                          f'{describe_error(err)}', out)
+                          f'{describe_error(err)}')
                 continue
             del self._running[task_id]
             self._requeue_preempted(generation)
@@ -598,13 +574,13 @@ class Scheduler:
             urgency_tie_s=self._segment_generation_s, queued=self.queue.generations)
 
     # -- segments ---------------------------------------------------------------------------
-    def _on_cut(self, generation: Generation, cut: Cut, now: float, out: TickResult) -> None:
+    def _on_cut(self, generation: Generation, cut: Cut, now: float) -> None:
         generation.rejected.extend(s.error or '' for s in cut.rejected)
         if self.policy.segmented:
             # Pause first: if the engine fails here the goal ends before anything is sent.
             self.engine.pause(generation.task_id)
         if self.policy.streaming:
-            self._dispatch(generation, cut.statements, cut.text, now, out, is_last=False)
+            self._dispatch(generation, cut.statements, cut.text, now, is_last=False)
         else:
             generation.held.extend(cut.statements)
             generation.held_text += cut.text
@@ -615,8 +591,7 @@ class Scheduler:
             self.queue.push(generation, self._profile(generation).segment_generation_s)
         self.policy.on_cut(generation, now)
 
-    def _on_finish(self, generation: Generation, reason: str, now: float,
-                   out: TickResult) -> None:
+    def _on_finish(self, generation: Generation, reason: str, now: float) -> None:
         cut = self._segmenters[generation.task_id].finish('length' if reason == 'length' else
                                                           'eos')
         generation.rejected.extend(s.error or '' for s in cut.rejected)
@@ -624,21 +599,22 @@ class Scheduler:
         statements = [*generation.held, *cut.statements]
         if not statements and not generation.segments:
             detail = f" ({'; '.join(generation.rejected)})" if generation.rejected else ''
-            self._end(generation, TaskStatus.FAILED, NO_SKILL_ERROR + detail, out)
+            self._end(generation, TaskStatus.FAILED, NO_SKILL_ERROR + detail)
             return
         self._release(generation)
         generation.status = TaskStatus.GENERATED
         if statements:
             self._dispatch(generation, tuple(statements), generation.held_text + cut.text, now,
-                           out, is_last=True)
+                           is_last=True)
         else:
             generation.segments[-1].is_last = True
-            out.closed.append(generation)
+            self._events.append(Closed(generation))
+        self._events.append(Generated(generation))
         self.policy.on_end(generation, now)
-        self._maybe_finished(generation, out)
+        self._maybe_finished(generation)
 
     def _dispatch(self, generation: Generation, statements: tuple[Statement, ...], text: str,
-                  now: float, out: TickResult, is_last: bool) -> None:
+                  now: float, is_last: bool) -> None:
         profile = self._profile(generation)
         estimate = estimate_min_s(profile, statements)
         index = len(generation.segments)
@@ -652,7 +628,7 @@ class Scheduler:
         generation.need_time = start_estimate + estimate
         generation.k = index + 1
         generation.segment_tokens = 0
-        out.dispatches.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
+        self._events.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
         if all(not math.isnan(s.end_time) for s in generation.segments[:index]):
             self._arm_deadline(generation)   # else the first unreported one's deadline runs
 
@@ -677,17 +653,15 @@ class Scheduler:
         heapq.heappush(self._deadlines, (due, self._deadline_seq, generation.task_id, index))
 
     # -- endings ----------------------------------------------------------------------------
-    def _maybe_finished(self, generation: Generation, out: TickResult | None = None) -> None:
+    def _maybe_finished(self, generation: Generation) -> None:
         if generation.status != TaskStatus.GENERATED:
             return
         if all(not math.isnan(s.end_time) for s in generation.segments):
             generation.status = TaskStatus.FINISHED
             generation.done_time = generation.segments[-1].end_time
-            if out is not None:
-                out.ended.append(generation)
+            self._events.append(Ended(generation))
 
-    def _end(self, generation: Generation, status: TaskStatus, error: str,
-             out: TickResult | None = None) -> None:
+    def _end(self, generation: Generation, status: TaskStatus, error: str) -> None:
         was_generating = generation.status < TaskStatus.GENERATED
         generation.status = status
         generation.error = error
@@ -699,8 +673,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the goal has ended whatever the policy says
                 logger.exception('policy %s failed on the end of %s', self.policy.name,
                                  generation.task_id)
-        if out is not None:
-            out.ended.append(generation)
+        self._events.append(Ended(generation))
 
     def _release(self, generation: Generation) -> None:
         task_id = generation.task_id
@@ -730,10 +703,7 @@ class Scheduler:
 
     def profile(self, name: str) -> RobotProfile:
         """A robot profile by name, loaded once per scheduler."""
-        profile = self._profiles.get(name)
-        if profile is None:
-            profile = self._profiles[name] = self._load_profile(name)
-        return profile
+        return self.profiles(name)
 
     def _profile(self, generation: Generation) -> RobotProfile:
         return self.profile(generation.spec.profile)

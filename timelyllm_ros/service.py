@@ -5,7 +5,9 @@ validated at once in the caller's thread (:meth:`PlannerService.submit` raises
 :class:`~timelyllm_ros.errors.GoalError` with the reason), then handed to the loop thread
 through an inbox, so callers never wait for an engine iteration. The loop thread owns the
 scheduler: it drains the inbox (new goals, cancels, robot reports), ticks, and calls each
-goal's listener with every segment the moment it is cut and once when the goal ends.
+goal's listener with every segment the moment it is cut and once when the goal ends: both
+come from the scheduler's one event stream (:mod:`timelyllm_ros.events`), drained after every
+iteration, whatever ended the goal.
 
 With an engine that replays recorded plans (the simulator: ``scripted_plans``), the engine
 chooses each goal's plan (:meth:`~timelyllm_ros.engines.base.Engine.scripted_plan`) when the
@@ -28,6 +30,7 @@ from timelyllm_ros.clock import Clock, WallClock
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, describe_error
+from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
@@ -86,7 +89,7 @@ class PlannerService:
         self.max_loop_failures = max_loop_failures
         self._inbox: queue.Queue[tuple[str, tuple[object, ...]]] = queue.Queue()
         self._listeners: dict[str, tuple[SegmentListener, EndListener]] = {}
-        self._untracked: set[str] = set()   # goals that end once generated
+        self._untracked: set[str] = set()   # goals that end once generated (Generated)
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._accepting = threading.RLock()  # orders submits against the service's end
@@ -253,28 +256,33 @@ class PlannerService:
         self.stop()
 
     def run_once(self, block: bool = False) -> None:
-        """One loop iteration: drain the inbox, then tick if there is work."""
+        """One loop iteration: drain the inbox, tick if there is work (else expire overdue
+        reports), then tell the listeners what the scheduler's events say."""
         scheduler = self.scheduler
         self._drain(block and not scheduler.has_work)
         if scheduler.has_work:
             out = scheduler.tick()
             self._last_batch_size = out.batch_size
-            for dispatch in out.dispatches:
-                generation = scheduler.generations.get(dispatch.task_id)
-                if generation is not None:
-                    self._notify_segment(generation, dispatch.segment)
-            for generation in out.closed:
-                self._notify_segment(generation, closing_segment(generation,
-                                                                    scheduler.clock.now()))
-            ended = out.ended
+            events = out.events
         else:
-            ended = scheduler.expire_overdue()
-        for generation in ended:
-            self._notify_end(generation)
-        for task_id in [t for t in self._untracked if t in scheduler.generations]:
-            generation = scheduler.generations[task_id]
-            if generation.status >= TaskStatus.GENERATED:
-                self._notify_end(generation)
+            scheduler.expire_overdue()
+            events = scheduler.drain_events()
+        self._publish(events)
+
+    def _publish(self, events: list[SchedulerEvent]) -> None:
+        """Call each goal's listeners for the scheduler's events, in order."""
+        scheduler = self.scheduler
+        for event in events:
+            if isinstance(event, Dispatch):
+                generation = scheduler.generations.get(event.task_id)
+                if generation is not None:
+                    self._notify_segment(generation, event.segment)
+            elif isinstance(event, Closed):
+                self._notify_segment(event.generation,
+                                     closing_segment(event.generation, scheduler.clock.now()))
+            elif isinstance(event, Ended) or (
+                    isinstance(event, Generated) and event.generation.task_id in self._untracked):
+                self._notify_end(event.generation)
 
     def _run(self) -> None:
         consecutive = 0
@@ -307,8 +315,8 @@ class PlannerService:
             if status == 'failed':
                 self.loop_error = reason
                 logger.error('%s; failing every goal', reason)
-            for generation in self.scheduler.fail_all(reason):
-                self._notify_end(generation)
+            self.scheduler.fail_all(reason)
+            self._publish(self.scheduler.drain_events())
             while True:
                 try:
                     kind, args = self._inbox.get_nowait()
@@ -318,10 +326,6 @@ class PlannerService:
                     self._refuse(args[0], args[2], reason)  # type: ignore[arg-type]
                 elif kind == 'state':
                     self._handle(kind, args)
-            for task_id in list(self._listeners):     # ended (e.g. in decide), not yet reported
-                unreported = self.scheduler.generations.get(task_id)
-                if unreported is not None:
-                    self._notify_end(unreported)
         self._last_batch_size = 0
         self._state = self._snapshot()
 
@@ -349,9 +353,9 @@ class PlannerService:
                 assert isinstance(spec, TaskSpec)
                 generation = self.scheduler.generations.get(spec.task_id)
                 reason = f'internal error while queueing the goal: {describe_error(err)}'
-                if generation is not None and not generation.status.terminal:
-                    self._notify_end(self.scheduler.fail(spec.task_id, reason))
-                elif generation is None:
+                if generation is not None:
+                    self.scheduler.fail(spec.task_id, reason)   # an Ended event, if it runs
+                else:
                     self._refuse(spec, args[2], reason)  # type: ignore[arg-type]
 
     def _handle(self, kind: str, args: tuple[object, ...]) -> None:
@@ -363,21 +367,17 @@ class PlannerService:
             if not wait_for_execution:
                 self._untracked.add(spec.task_id)
             try:
-                generation = scheduler.submit(spec)
+                scheduler.submit(spec)
             except TimelyError as err:
                 self._refuse(spec, on_end, str(err))  # type: ignore[arg-type]
-                return
-            if generation.status.terminal:
-                self._notify_end(generation)
         elif kind == 'cancel':
             (task_id,) = args
             if task_id in scheduler.generations:
-                self._notify_end(scheduler.cancel(str(task_id)))
+                scheduler.cancel(str(task_id))
         elif kind == 'fail':
             task_id, reason = args
-            failing = scheduler.generations.get(str(task_id))
-            if failing is not None and not failing.status.terminal:
-                self._notify_end(scheduler.fail(str(task_id), str(reason)))
+            if task_id in scheduler.generations:
+                scheduler.fail(str(task_id), str(reason))
         elif kind == 'state':
             (reply,) = args
             assert isinstance(reply, queue.Queue)
@@ -389,14 +389,11 @@ class PlannerService:
                 logger.warning('SegmentDone for unknown goal %s', task_id)
                 return
             try:
-                generation = scheduler.report_segment(
+                scheduler.report_segment(
                     str(task_id), int(index), float(start), float(end),  # type: ignore[call-overload, arg-type]
                     bool(success), str(error))
             except (GoalError, ValueError, TypeError, OverflowError) as err:
                 logger.warning('ignored SegmentDone for %s: %s', task_id, err)
-                return
-            if generation.status.terminal:
-                self._notify_end(generation)
 
     def _refuse(self, spec: TaskSpec, on_end: EndListener, reason: str) -> None:
         """End a goal that never reached the scheduler."""

@@ -102,7 +102,8 @@ def simulate(
         while reports and reports[0][0] <= now:
             _, _, task_id, index, start, end, success, error = heapq.heappop(reports)
             scheduler.report_segment(task_id, index, start, end, success, error)
-        out = scheduler.tick() if scheduler.has_work else TickResult()
+        out = scheduler.tick() if scheduler.has_work else TickResult(
+            events=scheduler.drain_events())
         if out.batch_size:
             batch_sizes.append(out.batch_size)
         send(out)
