@@ -375,8 +375,7 @@ def _run_waves(policy: AutellixPolicy, waves: int, per_wave: int,
                 probe(scheduler)
             queued = sum(len(q) for q in policy.queues)
             for name, size in (('table', len(policy.table)), ('calls', len(policy.calls)),
-                               ('queues', queued), ('gens', len(policy._gens)),
-                               ('by_seq', len(policy._by_seq))):
+                               ('queues', queued), ('gens', len(policy._gens))):
                 sizes[name] = max(sizes.get(name, 0), size)
     return sizes
 
@@ -387,7 +386,7 @@ def test_process_table_stays_bounded_by_the_live_programs() -> None:
     policy = AutellixPolicy(idle_programs=idle)
     sizes = _run_waves(policy, waves, per_wave, robot=lambda w, i: f'r{w}-{i}')
     assert sizes['table'] <= 2 * per_wave + idle < waves * per_wave
-    for name in ('calls', 'queues', 'gens', 'by_seq'):
+    for name in ('calls', 'queues', 'gens'):
         assert sizes[name] <= per_wave, name
     assert len(policy.table) <= idle + 1 and not policy.calls and not policy._gens
 

@@ -303,7 +303,7 @@ def _run_waves(policy: SemanticPolicy, waves: int, per_wave: int) -> dict[str, i
                                        else 'normal', arrival=clock.now()))
         while scheduler.has_work:
             scheduler.tick()
-            for name in ('_heap', '_evict_heap', '_gens', '_key', '_fe', '_length', '_by_seq'):
+            for name in ('_heap', '_evict_heap', '_gens', '_key', '_fe', '_length'):
                 sizes[name] = max(sizes.get(name, 0), len(getattr(policy, name)))
     assert all(g.status == TaskStatus.GENERATED for g in scheduler.generations.values())
     return sizes
@@ -318,8 +318,8 @@ def test_heaps_stay_bounded_by_the_live_generations() -> None:
     # 400 goals, each admitted once per segment; at most 10 live at a time
     assert sizes['_evict_heap'] <= stale_limit(per_wave) < waves * per_wave
     assert sizes['_heap'] <= stale_limit(per_wave)
-    for name in ('_gens', '_key', '_fe', '_length', '_by_seq'):
+    for name in ('_gens', '_key', '_fe', '_length'):
         assert sizes[name] <= per_wave, name
     # nothing live is left behind once every goal ended
-    assert not policy._gens and not policy._key and not policy._by_seq
+    assert not policy._gens and not policy._key
     assert len(policy._evict_heap) <= stale_limit(0) and len(policy._heap) <= stale_limit(0)

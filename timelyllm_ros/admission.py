@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from timelyllm_ros.engines.base import EngineView
+from timelyllm_ros.queue import QueueView
 from timelyllm_ros.request import Generation
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
@@ -64,6 +65,9 @@ class AdmissionContext:
     urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
     queued: Sequence[Generation] = ()           # generations in the queue (do not mutate)
     batch_mode: BatchMode = 'latency-guided'    # 'fixed': only the cap and memory admit
+    ranked: QueueView | None = None             # the queue as this decision ranked it (its
+                                                # first len(queued) rows are still queued);
+                                                # None outside an admission round
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:

@@ -29,7 +29,8 @@ class QueueView:
     segment, the estimated end of the previous segment's execution for later ones. ``ert`` is
     the ERT of the TUF governing the segment (TUF₀ for the first, 0 for TUF₁), ``ert0`` the
     ERT of the request's TUF₀, ``g`` the
-    expected generation time G of one segment, ``first`` 1.0 for an initial generation.
+    expected generation time G of one segment, ``first`` 1.0 for an initial generation,
+    ``task_ids`` the generation of each row.
     """
 
     arrival: Column
@@ -42,6 +43,7 @@ class QueueView:
     seq: Column
     first: Column
     comm_s: float
+    task_ids: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -53,6 +55,7 @@ class GenerationQueue:
     def __init__(self, capacity: int = 64) -> None:
         self._data = np.zeros((len(_COLUMNS), capacity))
         self._items: list[Generation] = []
+        self._ids: list[str] = []           # task id of each row, beside _items
         self._slot: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -76,6 +79,7 @@ class GenerationQueue:
                             generation.ert_s, tuf.ert_s, tuf.beta, tuf.alpha, g_s, generation.seq,
                             1.0 if generation.k == 0 else 0.0)
         self._items.append(generation)
+        self._ids.append(generation.task_id)
         self._slot[generation.task_id] = n
 
     def remove(self, task_id: str) -> Generation:
@@ -86,9 +90,11 @@ class GenerationQueue:
         if slot != last:
             moved = self._items[last]
             self._items[slot] = moved
+            self._ids[slot] = moved.task_id
             self._data[:, slot] = self._data[:, last]
             self._slot[moved.task_id] = slot
         self._items.pop()
+        self._ids.pop()
         return generation
 
     def at(self, row: int) -> Generation:
@@ -102,4 +108,5 @@ class GenerationQueue:
     def view(self, comm_s: float) -> QueueView:
         n = len(self._items)
         columns = self._data[:, :n]
-        return QueueView(*columns, comm_s=comm_s)  # type: ignore[misc]  # 9 rows, 9 columns
+        return QueueView(*columns, comm_s=comm_s,  # type: ignore[misc]  # 9 rows, 9 columns
+                         task_ids=tuple(self._ids))

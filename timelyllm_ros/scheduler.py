@@ -102,6 +102,18 @@ class Decision:
     decode_mask: frozenset[str] | None = None        # decode only these (None: all running)
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerSnapshot:
+    """What the scheduler holds at one time (s on its clock), read without changing it."""
+
+    time: float
+    queued: int                       # goals waiting for the engine (initial or suspended)
+    running: int                      # generations in the engine's batch
+    executing: int                    # goals fully generated, waiting on their robots
+    priorities: dict[str, float]      # queued goal -> the policy's priority now
+    engine_preemptions: int           # generations the engine preempted on its own (vLLM)
+
+
 @dataclass(slots=True)
 class TickResult:
     """What one tick did, and the events drained at its end (all since the last drain, in
@@ -341,6 +353,26 @@ class Scheduler:
                 problems.append(f'{task_id}: running but unknown')
         return problems
 
+    def now(self) -> float:
+        """The scheduler's time (s on its clock)."""
+        return self.clock.now()
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """The queue, batch and priorities now; a policy's ranking is read, never advanced
+        (:meth:`~timelyllm_ros.policies.base.Policy.priorities` changes no state)."""
+        now = self.clock.now()
+        priorities: dict[str, float] = {}
+        if len(self.queue):
+            view = self.queue.view(self.config.comm_s)
+            values = np.asarray(self.policy.priorities(view, now), dtype=float)
+            priorities = dict(zip(view.task_ids, values.tolist(), strict=True))
+        executing = sum(1 for g in self.generations.values()
+                        if g.status == TaskStatus.GENERATED)
+        return SchedulerSnapshot(time=now, queued=len(self.queue),
+                                 running=len(self.engine.running), executing=executing,
+                                 priorities=priorities,
+                                 engine_preemptions=self.engine.stats().preemptions)
+
     # -- the loop ---------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
@@ -388,6 +420,7 @@ class Scheduler:
             return admitted
         view = self.queue.view(self.config.comm_s)
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
+        ctx = replace(ctx, ranked=view)
         seq = view.seq
         while n > 0 and len(self._running) < cap:
             row = int(np.argmax(priorities[:n]))

@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
-
 from timelyllm_ros.clock import Clock, WallClock
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.base import PlanScript
@@ -172,7 +170,7 @@ class PlannerService:
         return TaskSpec(
             task_id=task_id, robot_id=goal.robot_id, profile=profile.name,
             task_class=task_class, task_type=script.task_type if script else task_class,
-            tuf=goal.resolved_tuf, arrival_time=self.scheduler.clock.now(), task=goal.task,
+            tuf=goal.resolved_tuf, arrival_time=self.scheduler.now(), task=goal.task,
             prompt_tokens=prompt_tokens, task_tokens=task_tokens,
             script=script.pieces if script else None)
 
@@ -220,7 +218,7 @@ class PlannerService:
             return self._state
 
     def now(self) -> float:
-        return self.scheduler.clock.now()
+        return self.scheduler.now()
 
     # -- the loop thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -279,7 +277,7 @@ class PlannerService:
                     self._notify_segment(generation, event.segment)
             elif isinstance(event, Closed):
                 self._notify_segment(event.generation,
-                                     closing_segment(event.generation, scheduler.clock.now()))
+                                     closing_segment(event.generation, scheduler.now()))
             elif isinstance(event, Ended) or (
                     isinstance(event, Generated) and event.generation.task_id in self._untracked):
                 self._notify_end(event.generation)
@@ -400,7 +398,7 @@ class PlannerService:
         generation = Generation(spec=spec, seq=-1)
         generation.error = reason
         generation.status = TaskStatus.FAILED
-        generation.done_time = self.scheduler.clock.now()
+        generation.done_time = self.scheduler.now()
         self._listeners.pop(spec.task_id, None)
         self._untracked.discard(spec.task_id)
         self._call_listener(on_end, generation)
@@ -426,17 +424,9 @@ class PlannerService:
             logger.exception('a goal listener raised')
 
     def _snapshot(self) -> ServiceState:
-        scheduler = self.scheduler
-        priorities: dict[str, float] = {}
-        if len(scheduler.queue):
-            view = scheduler.queue.view(scheduler.config.comm_s)
-            values = np.asarray(scheduler.policy.priorities(view, scheduler.clock.now()))
-            priorities = {scheduler.queue.at(i).task_id: float(v) for i, v in enumerate(values)}
-        executing = sum(1 for g in scheduler.generations.values()
-                        if g.status == TaskStatus.GENERATED)
-        return ServiceState(time=scheduler.clock.now(), queued=len(scheduler.queue),
-                            running=len(scheduler.engine.running),
+        held = self.scheduler.snapshot()
+        return ServiceState(time=held.time, queued=held.queued, running=held.running,
                             last_batch_size=self._last_batch_size,
-                            priorities=priorities, executing=executing, status=self._status,
-                            error=self.loop_error,
-                            engine_preemptions=scheduler.engine.stats().preemptions)
+                            priorities=held.priorities, executing=held.executing,
+                            status=self._status, error=self.loop_error,
+                            engine_preemptions=held.engine_preemptions)

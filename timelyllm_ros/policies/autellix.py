@@ -368,7 +368,6 @@ class AutellixPolicy(PlannedBatchPolicy):
     # -- observers ----------------------------------------------------------------------------
     def on_submit(self, generation: Generation, now: float) -> None:
         self._gens[generation.task_id] = generation
-        self._track(generation)
         self._arrive(generation, now)
 
     def on_cut(self, generation: Generation, now: float) -> None:

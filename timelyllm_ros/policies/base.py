@@ -48,7 +48,11 @@ class Policy(ABC):
 
     @abstractmethod
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
-        """Priority of each queued row at time ``now`` (higher first; ties go to lower seq)."""
+        """Priority of each queued row at time ``now`` (higher first; ties go to lower seq).
+
+        A pure function of the policy's state, the queue and ``now``: it changes nothing, so
+        that a status snapshot may ask at any time (what a decision needs to keep goes in
+        :meth:`admit` or the observers; the decision's ranked queue is ``ctx.ranked``)."""
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         """Whether ``candidate`` (the best queued generation) may join the batch now."""

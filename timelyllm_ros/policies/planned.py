@@ -30,7 +30,6 @@ class PlannedBatchPolicy(Policy):
     def __init__(self) -> None:
         self._plan: dict[str, int] = {}          # queued task -> admission rank this tick
         self._plan_fresh = False
-        self._by_seq: dict[int, str] = {}        # queue rows carry seq; plans are by task id
 
     @abstractmethod
     def _make_plan(self, ctx: AdmissionContext, preempting: bool) -> dict[str, Eviction]:
@@ -46,11 +45,8 @@ class PlannedBatchPolicy(Policy):
         return
 
     # -- bookkeeping subclasses call from their observers ---------------------------------------
-    def _track(self, generation: Generation) -> None:
-        self._by_seq[generation.seq] = generation.task_id
-
     def _untrack(self, generation: Generation) -> None:
-        self._by_seq.pop(generation.seq, None)
+        """A generation ended: it leaves the plan."""
         self._plan.pop(generation.task_id, None)
 
     # -- the Policy interface -------------------------------------------------------------------
@@ -65,10 +61,7 @@ class PlannedBatchPolicy(Policy):
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         out = np.full(len(queue), -PLANNED_PRIORITY)
-        for row, seq in enumerate(queue.seq):
-            task_id = self._by_seq.get(int(seq))
-            if task_id is None:
-                continue
+        for row, task_id in enumerate(queue.task_ids):
             rank = self._plan.get(task_id)
             if rank is not None:
                 out[row] = PLANNED_PRIORITY - rank

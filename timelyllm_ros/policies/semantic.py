@@ -334,7 +334,6 @@ class SemanticPolicy(PlannedBatchPolicy):
     def on_submit(self, generation: Generation, now: float) -> None:
         task_id = generation.task_id
         self._gens[task_id] = generation
-        self._track(generation)
         self._fe[task_id] = int(self.urgency.classify(generation.spec))
         self._length[task_id] = max(int(self.length_predictor.predict(generation.spec)), 1)
         self._arrived.append(task_id)

@@ -241,7 +241,6 @@ class SlicePolicy(Policy):
         self.replans = 0
         self._dirty = False
         self._selected: dict[str, int] = {}        # task id -> rank in the selection order
-        self._seq_rank: dict[int, int] = {}        # the same, keyed by submission order
         self._rt_rate: dict[str, float] = {}       # task id -> required RT rate (uncapped)
         self._column = 0
         self._mask: frozenset[str] | None = None   # the column handed to the last iteration
@@ -309,7 +308,6 @@ class SlicePolicy(Policy):
                          period_s=period_s([t.rate for t in selected], step))
         ranked = sorted(selected, key=lambda t: (-t.utility_rate, t.seq))
         self._selected = {t.task_id: i for i, t in enumerate(ranked)}
-        self._seq_rank = {t.seq: i for i, t in enumerate(ranked)}
         self._column = 0
         self._dirty = False
         self.replans += 1
@@ -327,8 +325,8 @@ class SlicePolicy(Policy):
         if not self._selected:
             return np.full(len(queue), -np.inf)
         # Selected generations by descending utility rate; unselected ones last (not admitted).
-        rank = self._seq_rank
-        return np.array([-rank.get(int(s), np.inf) for s in queue.seq], dtype=float)
+        rank = self._selected
+        return np.array([-rank.get(task_id, np.inf) for task_id in queue.task_ids], dtype=float)
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         return candidate.task_id in self._selected and fits(candidate, ctx)

@@ -37,22 +37,19 @@ class TimelyLlmPolicy(Policy):
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'
 
     def __init__(self) -> None:
-        self._decision: tuple[float, QueueView] | None = None   # (now, queue) ranked last
-        self._lost: LostSlopes | None = None                    # its lost slopes, once asked
-        self._lost_rows = 0                                     # ... over this many rows
+        # The lost slopes of the last admission round's ranked queue, over how many rows.
+        self._lost: tuple[QueueView, int, LostSlopes] | None = None
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
-        self._decision, self._lost = (now, queue), None
         return self._rank(queue, now)
 
-    def _lost_slopes(self, rows: int) -> LostSlopes:
+    def _lost_slopes(self, queue: QueueView, now: float, rows: int) -> LostSlopes:
         # Only needed once the most urgent running goal is late: computed then, over the
-        # goals still queued (the view is live; admitted rows were swap-removed).
-        if self._lost is None or self._lost_rows != rows:
-            assert self._decision is not None
-            now, queue = self._decision
-            self._lost, self._lost_rows = lost_slopes(queue, now, rows), rows
-        return self._lost
+        # goals still queued (the view is live; admitted rows were swap-removed), once per
+        # round and queue length.
+        if self._lost is None or self._lost[0] is not queue or self._lost[1] != rows:
+            self._lost = (queue, rows, lost_slopes(queue, now, rows))
+        return self._lost[2]
 
     def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g,
@@ -61,10 +58,10 @@ class TimelyLlmPolicy(Policy):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
-        current = self._decision is not None and self._decision[0] == ctx.now
-        rows = len(ctx.queued)
+        ranked, rows = ctx.ranked, len(ctx.queued)
         return fits(candidate, ctx) and latency_guided(
-            candidate, ctx, (lambda: self._lost_slopes(rows)) if current else None)
+            candidate, ctx,
+            (lambda: self._lost_slopes(ranked, ctx.now, rows)) if ranked is not None else None)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
