@@ -9,6 +9,7 @@ import pytest
 from utils import make_scheduler, make_spec
 
 from timelyllm_ros.errors import GoalError, TufError
+from timelyllm_ros.goals import validate_goal
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.backend import SkillRecord
@@ -45,13 +46,14 @@ def test_goal_from_msg_uses_the_class_tuf_unless_explicit():
     assert convert.goal_from_msg(goal(urgency='  ')).urgency == 'normal'
 
 
-def test_goal_from_msg_rejects_invalid_tuf_and_missing_kind():
+def test_goal_from_msg_rejects_invalid_tuf_and_the_gate_a_missing_kind():
     with pytest.raises(TufError, match='alpha'):
         convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=3.0, beta=1.0)))
     with pytest.raises(TufError, match='beta'):
         convert.goal_from_msg(goal(has_tuf=True, tuf=Msg(ert_s=0.2, alpha=-1.0, beta=0.0)))
+    unchecked = convert.goal_from_msg(goal(robot_kind=' '))   # read, not yet checked
     with pytest.raises(GoalError, match='no robot kind'):
-        convert.goal_from_msg(goal(robot_kind=' '))
+        validate_goal(unchecked)
 
 
 def test_tuf_to_msg():

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from timelyllm_ros import segmenter as segmenter_module
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.errors import GoalError, ProfileError, RobotError
+from timelyllm_ros.goals import validate_goal
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.profiles import (
     PROFILES_DIR,
@@ -439,14 +440,14 @@ def test_task_from_msg_raises_only_goal_errors(task, task_id, urgency, tuf):
                                                 request.tuf.alpha))
 
 
-def test_goal_from_msg_refuses_paths_and_bad_text():
+def test_goals_read_from_messages_are_refused_at_the_gate_for_paths_and_bad_text():
     def goal(**fields):
         base = dict(robot_id='drone_0', robot_kind='tello', task='find the cat',
                     urgency='urgent', has_tuf=False, tuf=None)
         base.update(fields)
         return SimpleNamespace(**base)
 
-    assert convert.goal_from_msg(goal()).robot_kind == 'tello'
+    assert validate_goal(convert.goal_from_msg(goal())).robot_kind == 'tello'
     for fields, reason in [({'robot_kind': '/tmp/x.yaml'}, 'invalid robot kind'),
                            ({'robot_kind': '../../evil'}, 'invalid robot kind'),
                            ({'robot_kind': 'a' * 300}, 'invalid robot kind'),
@@ -455,6 +456,6 @@ def test_goal_from_msg_refuses_paths_and_bad_text():
                            ({'urgency': 'panic'}, 'unknown urgency'),
                            ({'robot_id': None}, 'robot id must be text')]:
         with pytest.raises(GoalError, match=reason):
-            convert.goal_from_msg(goal(**fields))
+            validate_goal(convert.goal_from_msg(goal(**fields)))
     with pytest.raises(GoalError, match='unreadable goal: AttributeError'):
         convert.goal_from_msg(SimpleNamespace(robot_id='x'))

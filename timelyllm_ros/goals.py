@@ -1,22 +1,21 @@
 """The plan goal a robot sends, and the one schema every goal is checked against at the edge.
 
-A goal reaches the core from an action server, a task topic, a CLI or a test; whatever the
-route, :func:`validate_goal` is the single gate: it either returns the goal (with its TUF
-resolved) or raises :class:`~timelyllm_ros.errors.GoalError` with a short reason that names
-the field and never echoes file contents or long input back.
+A goal reaches the core from an action server, a CLI or a test; whatever the route,
+:func:`validate_goal` is the single gate (the live service calls it on every goal; message
+translation only reads fields): it either returns the goal or raises
+:class:`~timelyllm_ros.errors.GoalError` with a short reason that names the field and never
+echoes file contents or long input back. The field rules (:func:`check_text`,
+:func:`check_urgency`, :func:`check_tuf_bounds`) also serve the robots' task topic. A
+:class:`~timelyllm_ros.tuf.Tuf` checks its own invariant (finite, β > 0, α ≤ 0) when built.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.profiles import PROFILE_NAME
+from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, TufError
+from timelyllm_ros.profiles import check_profile_name, clip
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 
 MAX_TASK_CHARS = 4096
@@ -47,90 +46,101 @@ class PlanGoal:
         return self.tuf if self.tuf is not None else TUF_CLASSES[self.urgency]
 
 
-class _GoalSchema(BaseModel):
-    model_config = ConfigDict(strict=True, frozen=True, extra='forbid')
+def check_text(what: str, text: object, max_chars: int, *, empty: bool = False) -> str:
+    """Check one text field received from outside.
 
-    robot_id: Annotated[str, Field(max_length=MAX_ROBOT_ID_CHARS)]
-    robot_kind: str
-    task: Annotated[str, Field(min_length=1, max_length=MAX_TASK_CHARS)]
-    urgency: str
-    tuf: tuple[float, float, float] | None     # (beta, ert_s, alpha)
-    wait_for_execution: bool
+    Args:
+        what: The field's name, for the message.
+        text: The received value.
+        max_chars: Its longest allowed length.
+        empty: Whether an empty (or blank) text is allowed.
 
-    @field_validator('robot_id')
-    @classmethod
-    def _robot_name(cls, robot_id: str) -> str:
-        if not robot_id.strip():
-            raise ValueError('the goal has no robot id')
-        if not re.match(ROBOT_ID_PATTERN, robot_id):
-            raise ValueError('a robot id is letters, digits and _ . : / - only')
-        return robot_id
+    Returns:
+        The text, unchanged.
 
-    @field_validator('robot_kind')
-    @classmethod
-    def _profile_name(cls, kind: str) -> str:
-        if not PROFILE_NAME.fullmatch(kind):
-            raise ValueError('a robot kind is a profile name (letters, digits, _ and -, at '
-                             'most 64), never a path')
-        return kind
+    Raises:
+        GoalError: not a string, empty or blank (unless allowed), longer than ``max_chars``,
+            or holding a control character (other than tab, newline, carriage return) or a
+            lone surrogate; the reason quotes the text cut to about 64 characters.
+    """
+    if not isinstance(text, str):
+        raise GoalError(f'the {what} must be text, got {type(text).__name__}')
+    if len(text) > max_chars:
+        raise GoalError(f'the {what} is longer than {max_chars} characters ({len(text)})')
+    if not empty and not text.strip():
+        raise GoalError(f'the {what} is empty')
+    bad = UNREADABLE_CHARS.search(text)
+    if bad is not None:
+        kind = 'a lone surrogate' if bad.group() >= '\ud800' else 'a control character'
+        raise GoalError(f'the {what} {clip(text)} holds {kind} at {bad.start()}')
+    return text
 
-    @field_validator('task')
-    @classmethod
-    def _readable_text(cls, task: str) -> str:
-        if not task.strip():
-            raise ValueError('the task text is empty')
-        bad = UNREADABLE_CHARS.search(task)
-        if bad is not None and bad.group() >= '\ud800':
-            raise ValueError('the task text is not valid Unicode (a lone surrogate)')
-        if bad is not None:
-            raise ValueError('the task text contains control characters')
-        return task
 
-    @field_validator('urgency')
-    @classmethod
-    def _known_class(cls, urgency: str) -> str:
-        if urgency not in TUF_CLASSES:
-            raise ValueError(f'unknown TUF class; known: {", ".join(TUF_CLASSES)}')
-        return urgency
+def check_urgency(urgency: object) -> str:
+    """The urgency (TUF class) of a goal: ``''`` (the default) or one of the known classes.
 
-    @field_validator('tuf')
-    @classmethod
-    def _sane_tuf(cls, tuf: tuple[float, float, float] | None
-                  ) -> tuple[float, float, float] | None:
-        if tuf is None:
-            return tuf
-        beta, ert_s, alpha = tuf
-        if not all(math.isfinite(v) for v in tuf):
-            raise ValueError('TUF values must be finite')
-        if not 0 < beta <= MAX_TUF_UTILITY:
-            raise ValueError(f'TUF beta must be in (0, {MAX_TUF_UTILITY:g}]')
-        if not 0 <= ert_s <= MAX_TUF_SECONDS:
-            raise ValueError(f'TUF ERT must be in [0, {MAX_TUF_SECONDS:g}] s')
-        if alpha > 0:
-            raise ValueError('TUF alpha must be <= 0 (utility never rises)')
-        if alpha < 0 and ert_s - beta / alpha > MAX_TUF_SECONDS:
-            raise ValueError(f'TUF zero-utility time must be <= {MAX_TUF_SECONDS:g} s')
-        return tuf
+    Raises:
+        TufError: anything else, quoting it cut to about 64 characters.
+    """
+    if not isinstance(urgency, str):
+        raise TufError(f'the urgency must be text, got {type(urgency).__name__}')
+    name = urgency.strip()
+    if name and name not in TUF_CLASSES:
+        raise TufError(f'unknown urgency {clip(urgency)}; known: {", ".join(TUF_CLASSES)}')
+    return name
+
+
+def check_tuf_bounds(tuf: object) -> Tuf:
+    """An explicit TUF within what a goal may ask: a :class:`Tuf` (finite, β > 0, α ≤ 0 by
+    construction) with β at most :data:`MAX_TUF_UTILITY` and its ERT and zero-utility time
+    at most a day.
+
+    Raises:
+        TufError: not a Tuf, or out of these bounds.
+    """
+    if not isinstance(tuf, Tuf):
+        raise TufError(f'the TUF must be a Tuf, got {type(tuf).__name__}')
+    if tuf.beta > MAX_TUF_UTILITY:
+        raise TufError(f'TUF beta must be in (0, {MAX_TUF_UTILITY:g}]')
+    if tuf.ert_s > MAX_TUF_SECONDS:
+        raise TufError(f'TUF ERT must be in [0, {MAX_TUF_SECONDS:g}] s')
+    if tuf.zero_s > MAX_TUF_SECONDS and tuf.alpha < 0:
+        raise TufError(f'TUF zero-utility time must be <= {MAX_TUF_SECONDS:g} s')
+    return tuf
 
 
 def validate_goal(goal: PlanGoal) -> PlanGoal:
-    """Check a goal against the schema; returns it unchanged when valid.
+    """Check every field of a goal; returns it unchanged when valid.
 
     Raises:
-        GoalError: the first invalid field and why (never the field's full value).
+        GoalError: the first invalid field and why, quoting at most about 64 characters of
+            it (TufError for the urgency or the TUF).
     """
     try:
-        tuf = goal.tuf
-        _GoalSchema(robot_id=goal.robot_id, robot_kind=goal.robot_kind, task=goal.task,
-                    urgency=goal.urgency,
-                    tuf=None if tuf is None else (tuf.beta, tuf.ert_s, tuf.alpha),
-                    wait_for_execution=goal.wait_for_execution)
-    except ValidationError as err:
-        first = err.errors(include_url=False, include_input=False)[0]
-        where = '.'.join(str(part) for part in first['loc']) or 'goal'
-        message = first['msg'].removeprefix('Value error, ')
-        error = TufError if where.split('.')[0] in ('urgency', 'tuf') else GoalError
-        raise error(f'invalid goal field {where}: {message}') from None
+        robot_id = check_text('robot id', goal.robot_id, MAX_ROBOT_ID_CHARS, empty=True)
+        if not robot_id.strip():
+            raise GoalError('the goal has no robot id')
+        if not re.match(ROBOT_ID_PATTERN, robot_id):
+            raise GoalError(f'invalid robot id {clip(robot_id)}: a robot id is letters, '
+                            'digits and _ . : / - only')
+        kind = goal.robot_kind
+        if isinstance(kind, str) and not kind.strip():
+            raise GoalError('the goal names no robot kind')
+        try:
+            check_profile_name(kind)
+        except ProfileError as err:
+            raise GoalError(str(err)) from None
+        check_text('task text', goal.task, MAX_TASK_CHARS)
+        if goal.urgency not in TUF_CLASSES:
+            check_urgency(goal.urgency)         # says what is wrong with it, if it can
+            raise TufError(f'unknown urgency {clip(goal.urgency)}; known: '
+                           f'{", ".join(TUF_CLASSES)}')
+        if goal.tuf is not None:
+            check_tuf_bounds(goal.tuf)
+        if not isinstance(goal.wait_for_execution, bool):
+            raise GoalError('wait_for_execution must be true or false')
+    except TimelyError:
+        raise
     except Exception as err:  # noqa: BLE001 - a malformed goal object is a bad goal, not a crash
         raise GoalError(f'malformed goal: {type(err).__name__}') from None
     return goal

@@ -12,12 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
+from timelyllm_ros.errors import GoalError, TimelyError
 from timelyllm_ros.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
-from timelyllm_ros.goals import MAX_TASK_CHARS, UNREADABLE_CHARS
+from timelyllm_ros.goals import MAX_TASK_CHARS, check_text, check_urgency
 from timelyllm_ros.metrics import task_metrics
 from timelyllm_ros.plan import Statement
-from timelyllm_ros.profiles import RobotProfile, check_profile_name, clip
+from timelyllm_ros.profiles import RobotProfile, clip
 from timelyllm_ros.request import Generation, Segment, TaskStatus
 from timelyllm_ros.robots.backend import SkillRecord
 from timelyllm_ros.segmenter import segment_text
@@ -28,7 +28,7 @@ from timelyllm_ros.task_record import (
     UNSET_STAMP_SEC,
     task_record_fields,
 )
-from timelyllm_ros.tuf import TUF_CLASSES, Tuf
+from timelyllm_ros.tuf import Tuf
 
 
 def stamp(seconds: float, time_cls: type) -> Any:
@@ -53,72 +53,22 @@ def tuf_to_msg(tuf: Tuf, cls: type) -> Any:
     return cls(ert_s=tuf.ert_s, alpha=tuf.alpha, beta=tuf.beta)
 
 
-def check_text(what: str, text: object, max_chars: int, *, empty: bool = False) -> str:
-    """Check one text field received from outside.
-
-    Args:
-        what: The field's name, for the message.
-        text: The received value.
-        max_chars: Its longest allowed length.
-        empty: Whether an empty (or blank) text is allowed.
-
-    Returns:
-        The text, unchanged.
-
-    Raises:
-        GoalError: not a string, empty or blank (unless allowed), longer than ``max_chars``,
-            or holding a control character (other than tab, newline, carriage return) or a
-            lone surrogate; the reason quotes the text cut to about 64 characters.
-    """
-    if not isinstance(text, str):
-        raise GoalError(f'the {what} must be text, got {type(text).__name__}')
-    if len(text) > max_chars:
-        raise GoalError(f'the {what} is longer than {max_chars} characters ({len(text)})')
-    if not empty and not text.strip():
-        raise GoalError(f'the {what} is empty')
-    bad = UNREADABLE_CHARS.search(text)
-    if bad is not None:
-        kind = 'a lone surrogate' if bad.group() >= '\ud800' else 'a control character'
-        raise GoalError(f'the {what} {clip(text)} holds {kind} at {bad.start()}')
-    return text
-
-
-def check_urgency(urgency: object) -> str:
-    """The urgency (TUF class) of a goal: ``''`` (the default) or one of the known classes.
-
-    Raises:
-        GoalError: anything else, quoting it cut to about 64 characters.
-    """
-    if not isinstance(urgency, str):
-        raise GoalError(f'the urgency must be text, got {type(urgency).__name__}')
-    name = urgency.strip()
-    if name and name not in TUF_CLASSES:
-        raise GoalError(f'unknown urgency {clip(urgency)}; known: {", ".join(TUF_CLASSES)}')
-    return name
-
-
 def goal_from_msg(goal: Any) -> PlanGoal:
-    """PlanTask goal → PlanGoal, with every field checked at the edge.
+    """PlanTask goal → PlanGoal: the fields as received (the robot kind and urgency stripped,
+    an empty urgency the default class), not yet checked: the planner's service checks every
+    goal (:func:`timelyllm_ros.goals.validate_goal`).
 
     Raises:
-        GoalError: a missing or invalid robot id, robot kind (a profile name, never a path),
-            task text or urgency (TufError: an invalid TUF); any other failure to read the
-            message is a GoalError too.
+        GoalError: a message that cannot be read at all (TufError: an invalid TUF).
     """
     try:
-        robot_id = check_text('robot id', goal.robot_id, MAX_ID_CHARS, empty=True)
-        kind = goal.robot_kind
-        if isinstance(kind, str) and not kind.strip():
-            raise GoalError('the goal names no robot kind')
-        try:
-            kind = check_profile_name(kind.strip() if isinstance(kind, str) else kind)
-        except ProfileError as err:
-            raise GoalError(str(err)) from None
-        task = check_text('task text', goal.task, MAX_TASK_CHARS, empty=True)
-        urgency = check_urgency(goal.urgency) or 'normal'
-        tuf = tuf_from_msg(goal.tuf) if goal.has_tuf else None
-        return PlanGoal(robot_id=robot_id, robot_kind=kind, task=task, urgency=urgency,
-                        tuf=tuf,
+        kind, urgency = goal.robot_kind, goal.urgency
+        return PlanGoal(robot_id=goal.robot_id,
+                        robot_kind=kind.strip() if isinstance(kind, str) else kind,
+                        task=goal.task,
+                        urgency=(urgency.strip() if isinstance(urgency, str) else urgency)
+                        or 'normal',
+                        tuf=tuf_from_msg(goal.tuf) if goal.has_tuf else None,
                         wait_for_execution=bool(getattr(goal, 'wait_for_execution', True)))
     except TimelyError:
         raise
