@@ -217,7 +217,19 @@ class RobotProfile(BaseModel):
     model_config = ConfigDict(extra='forbid', frozen=True)
 
     name: str = Field(pattern=r'^[a-z][a-z0-9_]*$')
-    kind: Literal['drone', 'arm', 'chatbot']
+    kind: str = Field(
+        pattern=r'^[a-z][a-z0-9_]{0,63}$',
+        description='What the robot is: drone, arm, chatbot, or the category of a new robot '
+                    'kind (open: the robot kind that serves it is looked up when a backend is '
+                    'opened or a task classed, see timelyllm_ros.robots.kind).',
+    )
+    driver: str | None = Field(
+        default=None, max_length=200, pattern=r'^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$',
+        description="The robot kind that drives this profile: a registered name (tello) or "
+                    "'package.module:Class' (imported: code, as trusted as the profile "
+                    "directory); default: the kind registered under the profile's name, else "
+                    'the first one registered for its kind.',
+    )
     description: str = ''
     segmentation: Literal['skills', 'sentence', 'paragraph'] = 'skills'
     segment_generation_s: float = Field(gt=0, description='G: mean generation time per segment.')
