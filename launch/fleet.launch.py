@@ -4,6 +4,13 @@
         policy:=timelyllm record:=true bag:=/tmp/fleet_bag
     ros2 launch timelyllm_ros fleet.launch.py engine:=cpu model:=smollm2 \
         engine_options:='threads=2 kv_tokens=8192' backend:=emulator
+    ros2 launch timelyllm_ros fleet.launch.py drones:=0 arms:=0 robots:='boat:2 tello' \
+        profiles_dir:=/path/to/profiles
+
+``drones`` start ``drone_controller`` nodes (tello), ``arms`` ``arm_controller`` nodes (indy7);
+``robots`` starts ``controller`` nodes of any robot kind: ``PROFILE[:COUNT]`` items (count 1 by
+default), each robot named ``<profile>_<i>`` and given ``profiles_dir`` (a new kind needs no
+edit here: its profile names its kind's module, see timelyllm_ros.robots.kind).
 
 Every planner parameter (timelyllm_ros.nodes.planner.PARAMETERS) is a launch argument of the
 same name (``ros2 launch timelyllm_ros fleet.launch.py --show-args`` lists them).
@@ -34,6 +41,9 @@ from lifecycle_msgs.msg import Transition
 
 from timelyllm_ros.nodes.controller import fleet_remappings
 from timelyllm_ros.nodes.planner import PARAMETERS as PLANNER_PARAMETERS
+from timelyllm_ros.profiles import check_profile_name
+
+MAX_ROBOTS_PER_KIND = 1000
 
 
 def _fleet_namespace(context) -> str:
@@ -44,22 +54,42 @@ def _nodes(context, *args, **kwargs):
     fleet = _fleet_namespace(context)
     backend = LaunchConfiguration('backend').perform(context)
     max_queued = int(LaunchConfiguration('max_queued_tasks').perform(context))
+    profiles_dir = LaunchConfiguration('profiles_dir').perform(context)
+    robots = [(kind, executable, int(LaunchConfiguration(count).perform(context)), {})
+              for kind, executable, count in (('drone', 'drone_controller', 'drones'),
+                                              ('arm', 'arm_controller', 'arms'))]
+    robots += [(profile, 'controller', count,
+                {'robot_kind': profile, 'profiles_dir': profiles_dir})
+               for profile, count in _robot_counts(LaunchConfiguration('robots')
+                                                   .perform(context))]
     nodes = []
-    for kind, executable, count in (('drone', 'drone_controller', 'drones'),
-                                    ('arm', 'arm_controller', 'arms')):
-        for i in range(int(LaunchConfiguration(count).perform(context))):
+    for kind, executable, count, parameters in robots:
+        for i in range(count):
             name = f'{kind}_{i}'
             nodes.append(Node(
                 package='timelyllm_ros', executable=executable,
                 namespace=f'{fleet.rstrip("/")}/{name}', name='controller', output='screen',
                 parameters=[{'robot_id': name, 'backend': backend,
-                             'max_queued_tasks': max_queued}],
+                             'max_queued_tasks': max_queued, **parameters}],
                 remappings=fleet_remappings(fleet)))
     nodes.append(Node(
         package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
         namespace=fleet, output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],
         condition=IfCondition(LaunchConfiguration('record'))))
     return nodes
+
+
+def _robot_counts(spec: str) -> list[tuple[str, int]]:
+    """``'boat:2 tello'`` -> ``[('boat', 2), ('tello', 1)]`` (items split by spaces or commas)."""
+    counts = []
+    for item in spec.replace(',', ' ').split():
+        profile, _, count = item.partition(':')
+        check_profile_name(profile)
+        if count and not (count.isdigit() and int(count) <= MAX_ROBOTS_PER_KIND):
+            raise ValueError(f'robots: {item!r}: the count after ":" must be 0 to '
+                             f'{MAX_ROBOTS_PER_KIND}')
+        counts.append((profile, int(count) if count else 1))
+    return counts
 
 
 def _planner(context, *args, **kwargs):
@@ -87,6 +117,9 @@ def generate_launch_description():
     return LaunchDescription([
         DeclareLaunchArgument('drones', default_value='3', description='drone controllers'),
         DeclareLaunchArgument('arms', default_value='1', description='arm controllers'),
+        DeclareLaunchArgument('robots', default_value='',
+                              description="controllers of any robot kind: 'PROFILE[:COUNT] "
+                              "...', e.g. 'boat:2 tello' (named <profile>_<i>)"),
         DeclareLaunchArgument('backend', default_value='sim',
                               description='robot backend: sim | emulator | real'),
         DeclareLaunchArgument('fleet', default_value='',

@@ -13,7 +13,11 @@ arrival order (:class:`_tasks.TaskQueue`); a task that finds the queue full is r
 Names are relative (the launch file remaps the ``plan`` action, ``segment_done`` and
 ``skill_executions`` to the planner's namespace: :func:`fleet_remappings`); stamps come from
 the node clock.
-``drone_controller`` and ``arm_controller`` are this node with a different default robot kind.
+``drone_controller`` and ``arm_controller`` are this node with a different default robot kind
+(tello, indy7); ``controller`` is this node for a robot of any kind, named by its
+``robot_kind`` parameter (a profile name): the profile's robot kind
+(:func:`~timelyllm_ros.robots.kind.kind_of`) opens its backend, so a new kind needs no node of
+its own.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.errors import GoalError, TimelyError
+from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
 from timelyllm_ros.msg import PlanResult, SegmentDone, SkillExecution, Task, TimeUtility
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
@@ -39,7 +43,7 @@ from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, SafeActionClie
 from timelyllm_ros.nodes.node_clock import NodeClock
 from timelyllm_ros.nodes.parameters import INT, STR, describe, refuse_outside_choices
 from timelyllm_ros.nodes.spin import spin_until_shutdown
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.profiles import available_profiles, load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import BACKENDS, open_robot
 from timelyllm_ros.tuf import TUF_CLASSES
@@ -61,6 +65,10 @@ class RobotControllerNode(Node):
             self.declare_parameter(name, default, descriptor)
         param = self.get_parameter
         self.robot_id = param('robot_id').value
+        if not param('robot_kind').value:
+            known = available_profiles(param('profiles_dir').value or None)
+            raise ProfileError('no robot_kind parameter: set it to a robot profile name '
+                               f'({", ".join(known) or "none found"})')
         self.profile = load_profile(param('robot_kind').value,
                                     param('profiles_dir').value or None)
         self.robot_clock = NodeClock(self)
@@ -326,7 +334,8 @@ def controller_parameters(node_name: str, default_kind: str
 
 
 def run(node_name: str, default_kind: str, args: list[str] | None = None) -> None:
-    """Spin a controller node until shutdown."""
+    """Spin a controller node until shutdown (``default_kind``: the default of its
+    ``robot_kind`` parameter; empty: the parameter must be set)."""
     rclpy.init(args=args)
     try:
         node = RobotControllerNode(node_name, default_kind)
@@ -335,3 +344,8 @@ def run(node_name: str, default_kind: str, args: list[str] | None = None) -> Non
         rclpy.try_shutdown()
         raise SystemExit(1) from None
     spin_until_shutdown(node)
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``controller`` executable: a robot of any kind, named by ``robot_kind``."""
+    run('controller', '', args)
