@@ -299,9 +299,9 @@ def test_force_script_feeds_the_trace_tokens() -> None:
 
 def test_scheduler_cuts_segments_at_the_right_token() -> None:
     from timelyllm_ros.clock import SimClock
+    from timelyllm_ros.plan_requests import plan_request
     from timelyllm_ros.policies import create_policy
     from timelyllm_ros.request import TaskSpec, TaskStatus
-    from timelyllm_ros.plan_requests import plan_request
     from timelyllm_ros.scheduler import Scheduler
     from timelyllm_ros.tuf import NORMAL
 

@@ -27,6 +27,7 @@ LAYERS: dict[str, int] = {
     # L0: plain data and primitives
     'timelyllm_ros': 0, 'timelyllm_ros.errors': 0, 'timelyllm_ros.clock': 0,
     'timelyllm_ros.tuf': 0, 'timelyllm_ros.plan': 0, 'timelyllm_ros.request': 0,
+    'timelyllm_ros.events': 0,
     # L1: the robots' plan language, execution times, goals, traces and workloads
     'timelyllm_ros.exec_time': 1, 'timelyllm_ros.profiles': 1, 'timelyllm_ros.segmenter': 1,
     'timelyllm_ros.execution': 1, 'timelyllm_ros.goals': 1, 'timelyllm_ros.traces': 1,
@@ -34,6 +35,7 @@ LAYERS: dict[str, int] = {
     # L2: ranking and admission, and the engine interface policies read
     'timelyllm_ros.queue': 2, 'timelyllm_ros.priority': 2, 'timelyllm_ros.admission': 2,
     'timelyllm_ros.predictors': 2, 'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,
+    'timelyllm_ros.plan_requests': 2,
     # L3: the scheduler loop, the engines, the robots
     'timelyllm_ros.scheduler': 3, 'timelyllm_ros.engines': 3, 'timelyllm_ros.robots': 3,
     # L4: running it: live service, simulation, benchmarks, tools, LRTrace

@@ -27,12 +27,19 @@ from typing import Literal
 from timelyllm_ros.clock import Clock, WallClock
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.base import PlanScript
-from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, describe_error
+from timelyllm_ros.errors import (
+    GoalError,
+    ProfileError,
+    RobotError,
+    TimelyError,
+    describe_error,
+)
 from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
+from timelyllm_ros.robots.kind import kind_of
 from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -155,7 +162,10 @@ class PlannerService:
             profile = self.scheduler.profile(goal.robot_kind)
         except ProfileError as err:
             raise GoalError(f'unknown robot kind: {err}') from None
-        task_class = goal.urgency if profile.kind != 'arm' else 'arm'
+        try:
+            task_class = kind_of(profile).task_class(goal.urgency)
+        except RobotError as err:
+            raise GoalError(f'robot kind {profile.name}: {err}') from None
         script: PlanScript | None = self.scheduler.engine.scripted_plan(
             goal.robot_kind, goal.task, task_class)
         task_id = f'{goal.robot_id}#{next(self._ids)}'
