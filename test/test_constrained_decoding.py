@@ -22,7 +22,8 @@ from timelyllm_ros.errors import EngineError
 from timelyllm_ros.grammar import plan_grammar
 from timelyllm_ros.plan_requests import plan_request
 from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.segmenter import segment_text, statement_problem
+from timelyllm_ros.segmenter import segment_text
+from timelyllm_ros.validation import statement_problem
 
 pytest.importorskip('llguidance', reason='llguidance is not installed (pip install llguidance)')
 

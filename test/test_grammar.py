@@ -15,8 +15,9 @@ import pytest
 
 from timelyllm_ros.grammar import MAX_STRING_CHARS, float_range, integer_range, plan_grammar
 from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.segmenter import segment_text, statement_problem
+from timelyllm_ros.segmenter import segment_text
 from timelyllm_ros.traces import load_trace_set
+from timelyllm_ros.validation import statement_problem
 
 llguidance = pytest.importorskip('llguidance', reason='llguidance is not installed')
 

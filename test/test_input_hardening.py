@@ -12,7 +12,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros import segmenter as segmenter_module
+from timelyllm_ros import parser as parser_module
 from timelyllm_ros.clock import SimClock
 from timelyllm_ros.errors import GoalError, ProfileError, RobotError
 from timelyllm_ros.goals import validate_goal
@@ -30,14 +30,8 @@ from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.indy7 import Indy7Backend
 from timelyllm_ros.robots.sim_backend import SimulatedBackend
 from timelyllm_ros.robots.tello import TelloBackend
-from timelyllm_ros.segmenter import (
-    Segmenter,
-    SkillCall,
-    Statement,
-    segment_pieces,
-    segment_text,
-    statement_problem,
-)
+from timelyllm_ros.segmenter import Segmenter, SkillCall, Statement, segment_pieces, segment_text
+from timelyllm_ros.validation import statement_problem
 
 PROFILES = {name: load_profile(name) for name in available_profiles()}
 TELLO = PROFILES['tello']
@@ -122,14 +116,14 @@ def test_query_flags_of_the_bundled_profiles():
 
 
 def test_an_unexpected_failure_rejects_only_that_statement(monkeypatch):
-    original = segmenter_module._Parser._call
+    original = parser_module.StatementParser._call
 
     def flaky(self):
         if self.s[self.i:].startswith('tc'):
             raise KeyError('boom')
         return original(self)
 
-    monkeypatch.setattr(segmenter_module._Parser, '_call', flaky)
+    monkeypatch.setattr(parser_module.StatementParser, '_call', flaky)
     cuts = segment_text(TELLO, 'mf(50);tc(90);ld()')
     assert [s.text for c in cuts for s in c.statements] == ['mf(50)', 'ld()']
     (bad,) = [s for c in cuts for s in c.rejected]

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     'timelyllm_ros.exec_time': 1, 'timelyllm_ros.profiles': 1, 'timelyllm_ros.segmenter': 1,
     'timelyllm_ros.execution': 1, 'timelyllm_ros.goals': 1, 'timelyllm_ros.traces': 1,
     'timelyllm_ros.workloads': 1, 'timelyllm_ros.grammar': 1, 'timelyllm_ros.task_record': 1,
+    'timelyllm_ros.parser': 1, 'timelyllm_ros.validation': 1,
     # L2: ranking and admission, and the engine interface policies read
     'timelyllm_ros.queue': 2, 'timelyllm_ros.priority': 2, 'timelyllm_ros.admission': 2,
     'timelyllm_ros.predictors': 2, 'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,

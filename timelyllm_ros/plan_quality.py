@@ -45,8 +45,9 @@ from timelyllm_ros.plan import SkillCall, Statement
 from timelyllm_ros.plan_requests import plan_request
 from timelyllm_ros.profiles import RobotProfile, load_profile
 from timelyllm_ros.request import Segment
-from timelyllm_ros.segmenter import FinishReason, segment_text, statement_problem
+from timelyllm_ros.segmenter import FinishReason, segment_text
 from timelyllm_ros.traces import Trace, load_trace_set
+from timelyllm_ros.validation import statement_problem
 
 QUALITY_KEYS = ('plans', 'parsed', 'within_limits', 'executed_ok', 'tokens_mean',
                 'decode_ms_per_token')

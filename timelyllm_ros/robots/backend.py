@@ -17,7 +17,7 @@ from timelyllm_ros.clock import Clock, SimClock
 from timelyllm_ros.errors import RobotError
 from timelyllm_ros.plan import SkillCall
 from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import call_problem
+from timelyllm_ros.validation import call_problem
 
 
 def wait_on(clock: Clock, seconds: float) -> None:

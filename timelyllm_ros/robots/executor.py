@@ -21,7 +21,7 @@ exception from the backend (a vendor client's ``ValueError``, a dead socket) bec
 skill record and a failed segment naming the call and the reason.
 
 Before anything is sent, every statement is re-checked against the robot's profile
-(:func:`~timelyllm_ros.segmenter.statement_problem`: finite arguments within the limits, loop
+(:func:`~timelyllm_ros.validation.statement_problem`: finite arguments within the limits, loop
 counts, nesting depth, conditions from query skills), whatever built it.
 """
 
@@ -39,7 +39,7 @@ from timelyllm_ros.plan import SkillCall, Statement
 from timelyllm_ros.request import Segment
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.base import Execution
-from timelyllm_ros.segmenter import statement_problem
+from timelyllm_ros.validation import statement_problem
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class SkillExecutor:
 
         Raises:
             RobotError: A malformed statement, a statement the profile does not allow (see
-                :func:`~timelyllm_ros.segmenter.statement_problem`), an unsupported skill or
+                :func:`~timelyllm_ros.validation.statement_problem`), an unsupported skill or
                 an argument the backend refuses; the message names the call. Any exception
                 of the backend's check is reported as a RobotError.
         """
