@@ -178,7 +178,7 @@ def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
         == 0
     assert stats.steps == engine.steps > 0 and stats.busy_s == engine.busy_s > 0
     assert (stats.swap_bytes, stats.swap_s) == (0, 0.0)  # vLLM v1 recomputes, never swaps
-    assert engine.capabilities == frozenset({'grammar'})  # KV placement stays with vLLM
+    assert engine.capabilities == frozenset({'grammar', 'tokenizer'})  # KV stays with vLLM
 
 
 def test_admission_counts_generations_admitted_since_the_last_step(engine: VllmEngine,

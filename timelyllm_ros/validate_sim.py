@@ -20,6 +20,7 @@ from typing import Any
 
 from timelyllm_ros.bench import EngineOptions, run_summary
 from timelyllm_ros.calibrate import measure
+from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import Calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.metrics import task_metrics
@@ -58,6 +59,11 @@ def _typical_prompt_tokens(tasks: Sequence[TaskSpec],
     return int(statistics.median(_engine_prompt_tokens(t, count_tokens) for t in tasks))
 
 
+def _token_counter(engine: Engine) -> Callable[[str], int] | None:
+    """The engine's token count of a text, when it has a tokenizer."""
+    return engine.count_tokens if engine.supports('tokenizer') else None
+
+
 def median_abs_rel_error(real: Sequence[float], sim: Sequence[float]) -> float | None:
     """Median over tasks of |sim − real| / real (tasks where either is undefined or the real
     time is 0 are left out; None when none is left)."""
@@ -89,7 +95,7 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         try:
             # Decode steps measured at the workload's own prompt length: their cost grows
             # with the context, which a short reference context extrapolates poorly.
-            context = _typical_prompt_tokens(tasks, getattr(probe, 'count_tokens', None))
+            context = _typical_prompt_tokens(tasks, _token_counter(probe))
             calibration = measure(probe, probe.stats().model, engine.name,
                                   lengths=(16, 128, 512, 1024), batch_sizes=(1, 2, 4, 8),
                                   context_words=context, long_context_words=2 * context,
@@ -102,7 +108,7 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
     for policy in policies:
         say(f'{policy} on {engine.name}')
         real_engine = engine.build()
-        counter = getattr(real_engine, 'count_tokens', None)
+        counter = _token_counter(real_engine)
         try:
             real = simulate(tasks, policy, seed=seed, config=config, engine=real_engine)
             by_id = {g.task_id: g for g in real.generations}

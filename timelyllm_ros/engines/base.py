@@ -76,7 +76,7 @@ class StepResult:
         return 1 if request_id in self.text else 0
 
 
-Capability = Literal['evict', 'compress_kv', 'grammar', 'scripted_plans']
+Capability = Literal['evict', 'compress_kv', 'grammar', 'scripted_plans', 'tokenizer']
 """Optional operations; an engine lists the ones it has in :attr:`Engine.capabilities`.
 
 * ``evict`` -- :meth:`Engine.evict` moves a paused context's KV to host memory or drops it;
@@ -84,7 +84,9 @@ Capability = Literal['evict', 'compress_kv', 'grammar', 'scripted_plans']
 * ``grammar`` -- the engine constrains decoding to a request's ``grammar`` (GBNF), keeping
   the grammar state across suspend and resume;
 * ``scripted_plans`` -- the engine replays recorded plans (:meth:`Engine.scripted_plan`)
-  instead of generating text: the simulator.
+  instead of generating text: the simulator;
+* ``tokenizer`` -- the engine runs a model's tokenizer: :meth:`Engine.count_tokens` counts a
+  text's tokens and :meth:`Engine.token_ids` gives a generation's output ids.
 """
 
 
@@ -318,6 +320,23 @@ class Engine(ABC):
             EngineError: the engine has no KV compression (no ``'compress_kv'`` capability).
         """
         raise EngineError(f'{type(self).__name__} cannot compress KV caches')
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a text with the model's tokenizer (no special tokens).
+
+        Raises:
+            EngineError: the engine has no tokenizer (no ``'tokenizer'`` capability).
+        """
+        raise EngineError(f'{type(self).__name__} has no tokenizer to count tokens with')
+
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        """The output token ids a generation has produced so far (kept across segments).
+
+        Raises:
+            EngineError: the engine has no tokenizer (no ``'tokenizer'`` capability), or the
+                request is unknown.
+        """
+        raise EngineError(f'{type(self).__name__} keeps no token ids')
 
     def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
         """The recorded plan a ``scripted_plans`` engine will replay for a goal (None for an

@@ -91,6 +91,12 @@ class FaultInjectingEngine(Engine):
     def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
         return self.inner.scripted_plan(robot_kind, task, task_class)
 
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        return self.inner.token_ids(request_id)
+
     def register(self, request: EngineRequest) -> None:
         self._maybe_fail('register', request.request_id)
         self.inner.register(request)

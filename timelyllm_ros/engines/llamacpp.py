@@ -195,7 +195,7 @@ class LlamaCppEngine(Engine):
     """Continuous batching over llama.cpp sequences, with KV kept, swapped or dropped per
     generation."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar'})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar', 'tokenizer'})
 
     def __init__(
         self,

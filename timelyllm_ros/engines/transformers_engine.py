@@ -226,7 +226,7 @@ def _slab_layer_class(transformers: Any) -> type:
 class TransformersEngine(Engine):
     """Batched greedy decoding over per-generation KV caches kept between segments."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar'})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar', 'tokenizer'})
 
     def __init__(
         self,

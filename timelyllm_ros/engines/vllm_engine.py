@@ -194,7 +194,7 @@ class VllmEngine(Engine):
     # KV placement (and preemption) stays with vLLM, so ``evict`` raises. Grammars go through
     # this engine's logits processor (llguidance), not vLLM's structured outputs: vLLM would
     # start each resumed segment's grammar at its root.
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar'})
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
 
     def __init__(
         self,
