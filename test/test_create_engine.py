@@ -8,7 +8,13 @@ import importlib.util
 
 import pytest
 
-from timelyllm_ros.engines import ENGINES, create_engine, engine_options, parse_engine_options
+from timelyllm_ros.engines import (
+    ENGINES,
+    create_engine,
+    engine_class,
+    engine_options,
+    parse_engine_options,
+)
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.service import PlannerService
 
@@ -68,6 +74,36 @@ def test_text_values_are_converted_to_the_option_type() -> None:
         create_engine('sim', max_num_seqs='four')
     with pytest.raises(EngineError, match="unknown engine 'gpt'"):
         create_engine('gpt')
+
+
+def test_an_engine_of_another_module_is_named_module_and_class() -> None:
+    engine = create_engine('timelyllm_ros.engines.sim:SimulatedEngine', max_num_seqs='3')
+    assert engine.max_num_seqs == 3 and engine.supports('scripted_plans')
+    assert 'calibration' in engine_options('timelyllm_ros.engines.sim:SimulatedEngine')
+
+
+@pytest.mark.parametrize(('spec', 'problem'), [
+    ('no_such_package.engine:Engine', "cannot load engine 'no_such_package.engine:Engine'"),
+    ('timelyllm_ros.engines.sim:Missing', 'cannot load engine'),
+    ('timelyllm_ros.engines.base:EngineRequest', 'is not an Engine subclass'),
+    (':SimulatedEngine', 'cannot load engine'),
+    ('toy', r"unknown engine 'toy'; available: sim, cpu, transformers, vllm, or "
+            r"'package\.module:Class'"),
+])
+def test_a_bad_engine_spec_is_a_clear_error(spec: str, problem: str) -> None:
+    with pytest.raises(EngineError, match=problem):
+        create_engine(spec)
+
+
+def test_an_engine_names_its_live_defaults() -> None:
+    """The live service takes an engine's live_options as defaults: the simulator then sleeps
+    through its iterations on the wall clock; real engines need none."""
+    from timelyllm_ros.engines.sim import SimulatedEngine
+
+    assert engine_class('sim').live_options == {'realtime': True}
+    assert all(engine_class(name).live_options == {} for name in ('cpu', 'transformers', 'vllm'))
+    live = create_engine('sim', **engine_class('sim').live_options)
+    assert isinstance(live, SimulatedEngine) and live.realtime
 
 
 def test_key_value_texts() -> None:

@@ -5,7 +5,10 @@ benchmarks, the live service and the planner node alike. Each engine's options a
 keyword parameters of its constructor: an option it does not take, or a value of the wrong
 type, is an :class:`~timelyllm_ros.errors.EngineError` naming the engine and the option.
 Values may be given as text (``KEY=VALUE`` from a command line or a ROS parameter) and are
-converted to the parameter's type. Heavy engines are imported only when created.
+converted to the parameter's type, after the engine's own reading of them
+(:meth:`~timelyllm_ros.engines.base.Engine.prepare_options`: the simulator loads its calibration
+by name). An engine of another module is named ``'package.module:Class'``, as policies are.
+Heavy engines are imported only when created.
 """
 
 from __future__ import annotations
@@ -30,22 +33,35 @@ ENGINES = tuple(ENGINE_CLASSES)
 
 
 def engine_class(name: str) -> type[Engine]:
-    """The engine class of a name.
+    """The engine class of a name, or of ``'package.module:Class'`` for an engine of its own
+    module (as policies are named).
 
     Raises:
-        EngineError: unknown engine name.
+        EngineError: unknown name, or the class cannot be loaded or is no Engine.
     """
-    try:
+    if name in ENGINE_CLASSES:
         module_name, class_name = ENGINE_CLASSES[name]
-    except KeyError:
-        raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}') from None
-    cls: type[Engine] = getattr(importlib.import_module(module_name), class_name)
+    elif ':' in name:
+        module_name, _, class_name = name.partition(':')
+    else:
+        raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}, or '
+                          "'package.module:Class'")
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise EngineError(f'cannot load engine {name!r}: {err}') from None
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise EngineError(f'{name!r} is not an Engine subclass')
     return cls
 
 
 def engine_options(name: str) -> dict[str, inspect.Parameter]:
     """The options an engine takes: its constructor's keyword parameters, by name."""
-    parameters = list(inspect.signature(engine_class(name).__init__).parameters.values())[1:]
+    return _options_of(engine_class(name))
+
+
+def _options_of(cls: type[Engine]) -> dict[str, inspect.Parameter]:
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
     return {p.name: p for p in parameters
             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
 
@@ -69,7 +85,10 @@ def parse_engine_options(items: Iterable[str]) -> dict[str, str]:
 
 def create_engine(name: str = 'sim', model: str | None = None, **options: object) -> Engine:
     """Build an engine by name (``sim``: the calibrated simulator; ``cpu``: llama.cpp;
-    ``transformers``; ``vllm``), with its model (real engines) and options.
+    ``transformers``; ``vllm``; or ``'package.module:Class'``), with its model (real engines)
+    and options. An engine that serves live goals on a wall clock takes its class's
+    :attr:`~timelyllm_ros.engines.base.Engine.live_options` as defaults (the live service
+    does; the simulator then sleeps through each iteration).
 
     Raises:
         EngineError: unknown engine, an option it does not take, a value it cannot use, or
@@ -78,21 +97,7 @@ def create_engine(name: str = 'sim', model: str | None = None, **options: object
     cls = engine_class(name)
     if model:
         options = {'model': model, **options}
-    if name == 'sim':
-        options = _simulator_options(options)
-    return cls(**_validated(name, cls, options))
-
-
-def _simulator_options(options: dict[str, object]) -> dict[str, object]:
-    from timelyllm_ros.engines.calibration import load_calibration
-
-    if 'model' in options:
-        raise EngineError("engine 'sim' takes no model: it replays recorded plans with the "
-                          'latency of a calibration (option calibration=NAME or a YAML path)')
-    calibration = options.get('calibration')
-    if isinstance(calibration, str):
-        options = {**options, 'calibration': load_calibration(calibration)}
-    return options
+    return cls(**_validated(name, cls, cls.prepare_options(options)))
 
 
 def _validated(name: str, cls: type[Engine], options: Mapping[str, object]) -> dict[str, Any]:
@@ -102,7 +107,7 @@ def _validated(name: str, cls: type[Engine], options: Mapping[str, object]) -> d
     signature = inspect.signature(cls.__init__)
     takes_extra = any(p.kind is inspect.Parameter.VAR_KEYWORD
                       for p in signature.parameters.values())
-    known = engine_options(name)
+    known = _options_of(cls)
     try:
         hints = typing.get_type_hints(cls.__init__)
     except Exception:  # noqa: BLE001 - an annotation this module cannot resolve: no conversion

@@ -10,7 +10,7 @@ Engines do not know about time utility, segments or robots.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol
 
@@ -208,6 +208,20 @@ class Engine(ABC):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     lookahead_tokens: int = 0       # KV headroom a generation needs to join the batch
+    live_options: ClassVar[Mapping[str, object]] = {}
+    """Defaults of the options not given when the engine serves live goals on a wall clock
+    (the live service's; the simulator sleeps through its iterations)."""
+
+    @classmethod
+    def prepare_options(cls, options: dict[str, object]) -> dict[str, object]:
+        """The engine's own reading of its options, before :func:`~timelyllm_ros.engines.
+        create_engine` checks them against its constructor (e.g. a name that stands for a
+        file it loads). By default they are taken as given.
+
+        Raises:
+            EngineError: an option the engine refuses as given.
+        """
+        return options
 
     @abstractmethod
     def register(self, request: EngineRequest) -> None:

@@ -22,7 +22,7 @@ that kind prefill only their task line, and the prefix's KV blocks are counted o
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -65,6 +65,19 @@ class SimulatedEngine(Engine):
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {'evict', 'compress_kv', 'scripted_plans'})
+    live_options: ClassVar[Mapping[str, object]] = {'realtime': True}
+
+    @classmethod
+    def prepare_options(cls, options: dict[str, object]) -> dict[str, object]:
+        """A calibration given by name or path is loaded; a model is refused (the simulator
+        has none)."""
+        if 'model' in options:
+            raise EngineError("engine 'sim' takes no model: it replays recorded plans with the "
+                              'latency of a calibration (option calibration=NAME or a YAML path)')
+        calibration = options.get('calibration')
+        if isinstance(calibration, str):
+            options = {**options, 'calibration': load_calibration(calibration)}
+        return options
 
     def __init__(
         self,
