@@ -19,7 +19,7 @@ from typing import Any
 
 from timelyllm_ros.admission import BatchMode
 from timelyllm_ros.clock import SimClock
-from timelyllm_ros.engines import Engine, create_engine
+from timelyllm_ros.engines import Engine, create_engine, engine_options
 from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
 from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
@@ -62,12 +62,11 @@ class EngineOptions:
         return engine
 
     def describe(self) -> dict[str, object]:
-        """The engine block of summary.json."""
-        if self.name == 'sim':
-            return {'name': 'sim', 'calibration': self.calibration or 'default',
-                    'prefix_caching': self.prefix_caching}
-        return {'name': self.name, 'prefix_caching': self.prefix_caching,
-                **{k: v for k, v in self.options}}
+        """The engine block of summary.json (a calibrated engine names its calibration)."""
+        described: dict[str, object] = {'name': self.name}
+        if 'calibration' in engine_options(self.name):
+            described['calibration'] = self.calibration or 'default'
+        return {**described, 'prefix_caching': self.prefix_caching, **dict(self.options)}
 
 
 def run_summary(result: SimulationResult) -> dict[str, Any]:

@@ -65,15 +65,23 @@ def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options of the command line: ``--model``, ``--engine-opt KEY=VALUE`` and,
-    for a real engine, ``--force-script``/``--free-generation`` (create_engine checks them)."""
-    from timelyllm_ros.engines import parse_engine_options
+    for an engine that takes it, ``--force-script``/``--free-generation`` (create_engine
+    checks them)."""
+    from timelyllm_ros.engines import engine_options, parse_engine_options
 
     options: dict[str, Any] = dict(parse_engine_options(args.engine_opt or []))
     if args.model:
         options['model'] = args.model
-    if args.engine != 'sim' and args.force_script is not None:
+    if args.force_script is not None and 'force_script' in engine_options(args.engine):
         options['force_script'] = args.force_script
     return options
+
+
+def _replays_plans(engine: str) -> bool:
+    """Whether an engine replays recorded plans (the simulator) instead of generating them."""
+    from timelyllm_ros.engines import engine_class
+
+    return 'scripted_plans' in engine_class(engine).capabilities
 
 
 def _config(args: argparse.Namespace) -> SchedulerConfig:
@@ -211,7 +219,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
     from timelyllm_ros.tables import format_value, text_table
     from timelyllm_ros.traces import load_trace_set
 
-    if args.engine == 'sim':
+    if _replays_plans(args.engine):
         print('error: plan-quality needs a real engine (--engine cpu|transformers|vllm): the '
               'simulator replays the recorded plans', file=sys.stderr)
         return 2
@@ -303,7 +311,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     real_engine = None
-    if args.engine != 'sim':
+    if not _replays_plans(args.engine):
         def real_engine() -> Engine:      # --calibration is the simulator's, not this engine's
             from timelyllm_ros.engines import create_engine
             return create_engine(args.engine, **_engine_option_values(args))
@@ -435,9 +443,9 @@ def _add_engine_args(parser: argparse.ArgumentParser, default_force: bool) -> No
     from timelyllm_ros.engines import ENGINES
 
     parser.add_argument('--engine', default='sim',
-                        help=f'{"|".join(ENGINES)} (default sim: the calibrated simulator; a '
-                             f'real engine advances the simulated clock by its measured '
-                             f'iteration times)')
+                        help=f'{"|".join(ENGINES)} or package.module:Class (default sim: the '
+                             f'calibrated simulator; a real engine advances the simulated '
+                             f'clock by its measured iteration times)')
     parser.add_argument('--model', default=None,
                         help='model of a real engine (cpu: smollm2, gemma3-270m or a .gguf)')
     parser.add_argument('--engine-opt', action='append', metavar='KEY=VALUE',
