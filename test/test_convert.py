@@ -146,3 +146,15 @@ def test_task_record_of_a_live_goal_marks_unexecuted_segments_unset():
     assert convert.task_record_to_msg(generation, '', Msg, Msg, Msg).task_id == \
         generation.task_id
 
+
+
+def test_the_gate_names_every_invalid_field_of_a_goal_at_once():
+    bad = convert.goal_from_msg(goal(robot_id='', task='', urgency='panic'))
+    with pytest.raises(GoalError) as info:
+        validate_goal(bad)
+    message = str(info.value)
+    assert 'no robot id' in message and 'task text is empty' in message
+    assert "unknown urgency 'panic'" in message
+    assert type(info.value) is GoalError          # not only the TUF: a plain goal error
+    with pytest.raises(TufError):                 # only the urgency: a TUF error, as before
+        validate_goal(convert.goal_from_msg(goal(urgency='panic')))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from timelyllm_ros.errors import GoalError, ProfileError, TimelyError, TufError
+from timelyllm_ros.errors import GoalError, ProfileError, TufError
 from timelyllm_ros.profiles import check_profile_name, clip
 from timelyllm_ros.tuf import TUF_CLASSES, Tuf
 
@@ -113,34 +113,61 @@ def validate_goal(goal: PlanGoal) -> PlanGoal:
     """Check every field of a goal; returns it unchanged when valid.
 
     Raises:
-        GoalError: the first invalid field and why, quoting at most about 64 characters of
-            it (TufError for the urgency or the TUF).
+        GoalError: every invalid field and why, in one message (``; `` between them), each
+            quoting at most about 64 characters of the field (TufError when only the urgency
+            or the TUF is wrong).
     """
-    try:
-        robot_id = check_text('robot id', goal.robot_id, MAX_ROBOT_ID_CHARS, empty=True)
-        if not robot_id.strip():
-            raise GoalError('the goal has no robot id')
-        if not re.match(ROBOT_ID_PATTERN, robot_id):
-            raise GoalError(f'invalid robot id {clip(robot_id)}: a robot id is letters, '
-                            'digits and _ . : / - only')
-        kind = goal.robot_kind
-        if isinstance(kind, str) and not kind.strip():
-            raise GoalError('the goal names no robot kind')
+    problems: list[GoalError] = []
+    for check in (_check_robot_id, _check_robot_kind, _check_task, _check_urgency, _check_tuf,
+                  _check_wait):
         try:
-            check_profile_name(kind)
-        except ProfileError as err:
-            raise GoalError(str(err)) from None
-        check_text('task text', goal.task, MAX_TASK_CHARS)
-        if goal.urgency not in TUF_CLASSES:
-            check_urgency(goal.urgency)         # says what is wrong with it, if it can
-            raise TufError(f'unknown urgency {clip(goal.urgency)}; known: '
-                           f'{", ".join(TUF_CLASSES)}')
-        if goal.tuf is not None:
-            check_tuf_bounds(goal.tuf)
-        if not isinstance(goal.wait_for_execution, bool):
-            raise GoalError('wait_for_execution must be true or false')
-    except TimelyError:
-        raise
-    except Exception as err:  # noqa: BLE001 - a malformed goal object is a bad goal, not a crash
-        raise GoalError(f'malformed goal: {type(err).__name__}') from None
+            check(goal)
+        except GoalError as err:
+            problems.append(err)
+        except Exception as err:  # noqa: BLE001 - a malformed goal object is a bad goal
+            problems.append(GoalError(f'malformed goal: {type(err).__name__}'))
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        error = TufError if all(isinstance(p, TufError) for p in problems) else GoalError
+        raise error('; '.join(str(p) for p in problems))
     return goal
+
+
+def _check_robot_id(goal: PlanGoal) -> None:
+    robot_id = check_text('robot id', goal.robot_id, MAX_ROBOT_ID_CHARS, empty=True)
+    if not robot_id.strip():
+        raise GoalError('the goal has no robot id')
+    if not re.match(ROBOT_ID_PATTERN, robot_id):
+        raise GoalError(f'invalid robot id {clip(robot_id)}: a robot id is letters, digits and '
+                        '_ . : / - only')
+
+
+def _check_robot_kind(goal: PlanGoal) -> None:
+    kind = goal.robot_kind
+    if isinstance(kind, str) and not kind.strip():
+        raise GoalError('the goal names no robot kind')
+    try:
+        check_profile_name(kind)
+    except ProfileError as err:
+        raise GoalError(str(err)) from None
+
+
+def _check_task(goal: PlanGoal) -> None:
+    check_text('task text', goal.task, MAX_TASK_CHARS)
+
+
+def _check_urgency(goal: PlanGoal) -> None:
+    if goal.urgency not in TUF_CLASSES:
+        check_urgency(goal.urgency)             # says what is wrong with it, if it can
+        raise TufError(f'unknown urgency {clip(goal.urgency)}; known: {", ".join(TUF_CLASSES)}')
+
+
+def _check_tuf(goal: PlanGoal) -> None:
+    if goal.tuf is not None:
+        check_tuf_bounds(goal.tuf)
+
+
+def _check_wait(goal: PlanGoal) -> None:
+    if not isinstance(goal.wait_for_execution, bool):
+        raise GoalError('wait_for_execution must be true or false')
