@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -369,6 +369,35 @@ class Engine(ABC):
     def cost_model(self) -> CostModel | None:
         """The engine's latency model, if it has one (the simulator's calibration)."""
         return None
+
+
+G = TypeVar('G')
+
+
+class BatchingEngine(Engine, Generic[G]):
+    """An engine that keeps the generations it knows (``G``: what it keeps of one), its
+    running batch (ids in join order) and its batch cap: the simulator and the real engines
+    alike."""
+
+    _generations: dict[str, G]
+    _running: dict[str, None]
+    _max_num_seqs: int
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        """Ids of the generations in the running batch."""
+        return tuple(self._running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Largest batch the engine accepts."""
+        return self._max_num_seqs
+
+    def _get(self, request_id: str) -> G:
+        try:
+            return self._generations[request_id]
+        except KeyError:
+            raise EngineError(f'unknown request {request_id!r}') from None
 
 
 class EngineView:

@@ -65,7 +65,7 @@ import math
 import os
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -73,17 +73,15 @@ import numpy as np
 
 from timelyllm_ros.engines.base import (
     Capability,
-    Engine,
     EngineRequest,
     EngineStats,
     EvictTo,
-    FinishReason,
     KvLocation,
-    StepResult,
 )
 from timelyllm_ros.engines.constraint import TokenGrammar
-from timelyllm_ros.engines.kept import KeptTokens, PieceDetokenizer, choose_token, take_token
+from timelyllm_ros.engines.kept import KeptTokens, PieceDetokenizer, choose_token
 from timelyllm_ros.engines.observed import ObservedLatency
+from timelyllm_ros.engines.real import ForwardPass, RealEngine, common_prefix
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -191,11 +189,12 @@ class _Prefix:
     used_at: int = 0
 
 
-class LlamaCppEngine(Engine):
+class LlamaCppEngine(RealEngine[_Generation]):
     """Continuous batching over llama.cpp sequences, with KV kept, swapped or dropped per
     generation."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar', 'tokenizer'})
+    backend_name: ClassVar[str] = 'llama.cpp'
 
     def __init__(
         self,
@@ -254,24 +253,44 @@ class LlamaCppEngine(Engine):
             EngineError: llama-cpp-python or the model is missing, or llama.cpp refuses the
                 model or the context.
         """
-        llama = _import_llama_cpp()
-        self._llama = llama
+        super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
+        llama = self._llama = _import_llama_cpp()
         _quiet_llama_logs(llama, verbose)
-        if max_num_seqs < 1:
-            raise EngineError('max_num_seqs must be >= 1')
         self.model_path = resolve_model(model)
-        self.model_name = model
         self.model_label = os.path.basename(self.model_path).removesuffix('.gguf')
-        self.force_script = force_script
         self.prefix_caching = prefix_caching
         self.max_prefixes = max_prefixes if prefix_caching else 0
-        self.lookahead_tokens = lookahead_tokens
-        self._max_num_seqs = max_num_seqs
-        slots = max(seq_slots or 2 * max_num_seqs, max_num_seqs + 1)
-        n_seq_max = slots + self.max_prefixes
+        n_seq_max = max(seq_slots or 2 * max_num_seqs, max_num_seqs + 1) + self.max_prefixes
         if n_seq_max > 256:
             raise EngineError(f'{n_seq_max} sequences asked for; llama.cpp allows 256')
         self.threads = threads or os.cpu_count() or 1
+        self._load_model(extra_buffers, chat_template)
+        if flash_attn is None:
+            flash_attn = int(llama.llama_model_n_swa(self._model)) == 0
+        self.flash_attn = flash_attn
+        self._new_context(kv_tokens, n_batch, min(n_ubatch, n_batch), n_seq_max)
+        train = int(llama.llama_model_n_ctx_train(self._model)) or self.kv_tokens
+        self.max_context = min(max_context or train, train, self.kv_tokens)
+        self.kv_bytes_per_token = self._kv_bytes_per_token()
+        self._piece = ctypes.create_string_buffer(256)
+        self._candidate_buffers: tuple[Any, Any] | None = None   # grammar masking scratch
+        self._free_seqs = list(range(n_seq_max - 1, -1, -1))   # pop() gives 0 first
+        self._prefixes: dict[str, _Prefix] = {}
+        self.latency = ObservedLatency(min_prefill_tokens=9)
+        self._swap_bps: float | None = None
+        # run statistics of llama.cpp's own (the shared ones are RealEngine's)
+        self.decode_calls = 0            # llama_decode calls
+        self.swap_outs = 0
+        self.swap_ins = 0
+        self.swap_bytes = 0              # KV bytes copied to and from host memory
+        self.swap_s = 0.0
+        self.swap_in_bytes = 0           # of which restored from host memory (stats())
+        self.swap_in_s = 0.0
+        self.last_decode_batch = 0       # sequences in the last decode llama_decode call
+
+    def _load_model(self, extra_buffers: bool, chat_template: bool) -> None:
+        """Load the GGUF file and read its vocabulary."""
+        llama = self._llama
         llama.llama_backend_init()
         mparams = llama.llama_model_default_params()
         mparams.use_extra_bufts = extra_buffers
@@ -279,24 +298,25 @@ class LlamaCppEngine(Engine):
         if not self._model:
             raise EngineError(f'llama.cpp could not load the model {self.model_path!r}')
         self._vocab = llama.llama_model_get_vocab(self._model)
-        if flash_attn is None:
-            flash_attn = int(llama.llama_model_n_swa(self._model)) == 0
-        self.flash_attn = flash_attn
         self.n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
         self._eos = int(llama.llama_vocab_eos(self._vocab))
         self._chat_template: bytes | None = (
             llama.llama_model_chat_template(self._model, None) if chat_template else None)
+
+    def _new_context(self, kv_tokens: int, n_batch: int, n_ubatch: int, n_seq_max: int) -> None:
+        """The llama context: one unified KV cell pool for every sequence, and its batch."""
+        llama = self._llama
         cparams = llama.llama_context_default_params()
         cparams.n_ctx = kv_tokens
         cparams.n_batch = n_batch
-        cparams.n_ubatch = min(n_ubatch, n_batch)
+        cparams.n_ubatch = n_ubatch
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = self.threads
         cparams.n_threads_batch = self.threads
         cparams.kv_unified = True      # one cell pool: prefix cells shared across sequences
         cparams.swa_full = True        # sliding-window models (Gemma 3) keep every position
         cparams.no_perf = True
-        cparams.flash_attn_type = (llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
+        cparams.flash_attn_type = (llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attn
                                    else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         self._ctx = llama.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -307,61 +327,22 @@ class LlamaCppEngine(Engine):
         self._mem = llama.llama_get_memory(self._ctx)
         self.kv_tokens = int(llama.llama_n_ctx(self._ctx))
         self.n_batch = int(llama.llama_n_batch(self._ctx))
-        train = int(llama.llama_model_n_ctx_train(self._model)) or self.kv_tokens
-        self.max_context = min(max_context or train, train, self.kv_tokens)
         self._batch = llama.llama_batch_init(self.n_batch, 0, 1)
-        self.kv_bytes_per_token = self._kv_bytes_per_token()
-        self._piece = ctypes.create_string_buffer(256)
-        self._candidate_buffers: tuple[Any, Any] | None = None   # grammar masking scratch
-        self._free_seqs = list(range(n_seq_max - 1, -1, -1))   # pop() gives 0 first
-        self._generations: dict[str, _Generation] = {}
-        self._running: dict[str, None] = {}
-        self._prefixes: dict[str, _Prefix] = {}
-        self._pending_cached = 0     # prompt tokens served from kept/cached KV since last step
-        self._overhead_s = 0.0       # time spent in evict() since the last step
-        self.latency = ObservedLatency(min_prefill_tokens=9)
-        self._swap_bps: float | None = None
-        # run statistics (read by calibration / overhead tools and the tests)
-        self.steps = 0
-        self.busy_s = 0.0
-        self._released_grammar_s = 0.0   # grammar time of released generations
-        self.prefill_s = 0.0
-        self.prefill_tokens = 0
-        self.decode_s = 0.0
-        self.decode_steps = 0
-        self.decode_calls = 0            # llama_decode calls
-        self.model_s = 0.0               # time inside llama_decode (s)
-        self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
-        self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
-        self.prefix_hit_tokens = 0       # prompt tokens shared from a prefix sequence
-        self.swap_outs = 0
-        self.swap_ins = 0
-        self.swap_bytes = 0              # KV bytes copied to and from host memory
-        self.swap_s = 0.0
-        self.swap_in_bytes = 0           # of which restored from host memory (stats())
-        self.swap_in_s = 0.0
-        self.last_decode_batch = 0       # sequences in the last decode llama_decode call
 
     def stats(self) -> EngineStats:
         """Capacity is the context's KV cells; swap figures are the restores from host memory
         (``swap_bytes`` / ``swap_s`` attributes count both directions)."""
-        return EngineStats(model=self.model_label, hardware='cpu', steps=self.steps,
-                           busy_s=self.busy_s, kv_capacity_tokens=self.kv_tokens,
-                           kv_bytes_per_token=self.kv_bytes_per_token,
-                           swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s,
-                           grammar_s=self._released_grammar_s + sum(
-                               g.grammar_s for g in self._generations.values()),
-                           model_s=self.model_s)
+        return replace(super().stats(), kv_capacity_tokens=self.kv_tokens,
+                       swap_bytes=self.swap_in_bytes, swap_s=self.swap_in_s)
 
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         """Free the llama.cpp context and model, and every KV copy kept in host memory
         (idempotent; the engine cannot be used afterwards)."""
         llama = self._llama
-        for name in ('_generations', '_running', '_prefixes'):
-            kept = getattr(self, name, None)
-            if kept is not None:
-                kept.clear()
+        super().close()
+        if getattr(self, '_prefixes', None) is not None:
+            self._prefixes.clear()
         if getattr(self, '_batch', None) is not None:
             llama.llama_batch_free(self._batch)
             self._batch = None
@@ -426,14 +407,6 @@ class LlamaCppEngine(Engine):
             return buffer.raw[:n]
         return self._piece.raw[:n]
 
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text with the model's tokenizer (no special tokens)."""
-        return len(self.tokenize(text, special=False))
-
-    def token_ids(self, request_id: str) -> tuple[int, ...]:
-        """The output token ids a generation has produced so far (kept across segments)."""
-        return tuple(self._get(request_id).output_ids)
-
     def kv_location(self, request_id: str) -> KvLocation:
         """Where a generation's KV is: in the context, on the host, or nowhere."""
         return self._get(request_id).location
@@ -445,30 +418,22 @@ class LlamaCppEngine(Engine):
         return own + sum(len(p.ids) for p in self._prefixes.values())
 
     # -- Engine interface ------------------------------------------------------------------
-    def register(self, request: EngineRequest) -> None:
-        if request.request_id in self._generations:
-            raise EngineError(f'request {request.request_id!r} is already registered')
-        prompt_ids = self._prompt_ids(request)
-        if not prompt_ids:
-            prompt_ids = self.tokenize(' ', special=False)
-        if len(prompt_ids) >= self.max_context:
-            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
-                              f'tokens does not fit the context of {self.max_context}')
-        forced = None
-        if self.force_script and request.script is not None:
-            forced = self.tokenize(''.join(request.script), special=False)
-        grammar = (_LlamaGrammar(self, request.grammar)
-                   if request.grammar is not None and forced is None else None)
-        self._generations[request.request_id] = _Generation(
-            request, prompt_ids, forced, detokenizer=PieceDetokenizer(self.piece),
-            grammar=grammar)
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenize(text, special=False)
 
-    def can_run(self, request_id: str) -> bool:
-        if request_id in self._running:
-            return True
-        if len(self._running) >= self._max_num_seqs:
-            return False
-        generation = self._get(request_id)
+    def _forced_ids(self, request: EngineRequest) -> list[int] | None:
+        """Requests without a script are generated freely, even under ``force_script``."""
+        return super()._forced_ids(request) if request.script is not None else None
+
+    def _grammar(self, gbnf: str) -> TokenGrammar:
+        return _LlamaGrammar(self, gbnf)
+
+    def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
+                        forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
+        return _Generation(request, prompt_ids, forced, detokenizer=PieceDetokenizer(self.piece),
+                           grammar=grammar)
+
+    def _fits(self, generation: _Generation) -> bool:
         used = sum(self._kv_need(self._generations[r]) for r in self._running)
         used += sum(len(p.ids) for p in self._prefixes.values())
         return used + self._kv_need(generation) <= self.kv_tokens
@@ -507,28 +472,13 @@ class LlamaCppEngine(Engine):
                 tokens = max(1, tokens - len(prefix.ids))
         return self.latency.prefill_s(tokens, default_tps=250.0)
 
-    def run(self, request_id: str) -> None:
-        generation = self._get(request_id)
-        if request_id in self._running:
-            return
-        if not self.can_run(request_id):
-            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
-        if generation.location == 'device' and generation.cached:
-            generation.resumes += 1
-            self.resumed_tokens += generation.cached
-            self._pending_cached += generation.cached
-        self._running[request_id] = None
-
-    def pause(self, request_id: str) -> None:
-        generation = self._get(request_id)
-        self._running.pop(request_id, None)
+    def _paused(self, generation: _Generation) -> None:
         generation.paused_at = self.steps
 
     def evict(self, request_id: str, to: EvictTo) -> None:
-        generation = self._get(request_id)
         started = time.perf_counter()
-        self._running.pop(request_id, None)
-        generation.paused_at = self.steps
+        self.pause(request_id)
+        generation = self._generations[request_id]
         if to == 'host':
             if generation.location == 'device':
                 self._swap_out(generation)
@@ -536,46 +486,32 @@ class LlamaCppEngine(Engine):
             self._drop(generation)
         self._overhead_s += time.perf_counter() - started
 
-    def release(self, request_id: str) -> None:
-        generation = self._generations.pop(request_id, None)
-        self._running.pop(request_id, None)
-        if generation is not None:
-            self._released_grammar_s += generation.grammar_s
-            self._drop(generation)
+    def _released(self, generation: _Generation) -> None:
+        self._drop(generation)
 
     def decode_step_s(self, batch_size: int) -> float:
         return self.latency.interpolated_decode_s(
             batch_size, default_s=0.03 + 0.006 * max(0, batch_size - 1), extrapolate=True)
 
-    @property
-    def running(self) -> tuple[str, ...]:
-        return tuple(self._running)
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self._max_num_seqs
-
-    def step(self, only: Collection[str] | None = None) -> StepResult:
-        self.steps += 1
-        overhead, self._overhead_s = self._overhead_s, 0.0
-        if not self._running:
-            return StepResult(duration_s=overhead)
-        start = time.perf_counter()
+    def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
+        """A prefill iteration over the generations that joined (the others stall), or a
+        decode iteration over the running ones (of the mask ``only``)."""
         generations = self._generations
-        preempted: list[str] = []
+        forward = ForwardPass()
         for request_id in list(self._running):
-            self._make_resident(generations[request_id], preempted)
+            self._make_resident(generations[request_id], forward.preempted)
         prefilling = [r for r in self._running if generations[r].pending > 1]
         if prefilling:
             participants = prefilling
-            batch_size = len(self._running)    # the stalled decodes are in the batch too
+            forward.batch_size = len(self._running)    # the stalled decodes are in the batch
         else:
             participants = [r for r in self._running if only is None or r in only] or list(
                 self._running)
-            batch_size = len(participants)
+            forward.batch_size = len(participants)
         followers = self._followers(prefilling)
         fed = sum(generations[r].pending for r in participants if r not in followers)
-        produced = self._forward([r for r in participants if r not in followers], preempted)
+        forward.produced = self._feed([r for r in participants if r not in followers],
+                                      forward.preempted)
         if prefilling:
             self._remember_prefixes(prefilling)
         if followers:
@@ -585,61 +521,18 @@ class LlamaCppEngine(Engine):
                 if request_id in self._running:
                     self._share_prefix(generations[request_id])
             fed += sum(generations[r].pending for r in followers if r in self._running)
-            produced.update(self._forward(list(followers), preempted))
-        prefill_tokens = fed if prefilling else 0
-        text: dict[str, str] = {}
-        token_ids: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        for request_id, token in produced.items():
-            generation = generations[request_id]
-            before = len(generation.output_ids)
-            piece, reason = self._accept(generation, token)
-            if piece is not None:
-                text[request_id] = piece
-            if len(generation.output_ids) > before:
-                token_ids[request_id] = tuple(generation.output_ids[before:])
-            if reason is not None:
-                finished[request_id] = reason
-        for request_id in finished:
-            self._running.pop(request_id, None)
-        duration = time.perf_counter() - start
-        if prefilling:
-            self.prefill_s += duration
-            self.prefill_tokens += prefill_tokens
-            self.latency.record_prefill(prefill_tokens, duration)
-        else:
-            self.decode_s += duration
-            self.decode_steps += 1
-            self.latency.record_decode(batch_size, duration)
-        duration += overhead
-        self.busy_s += duration
-        cached, self._pending_cached = self._pending_cached, 0
-        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
-                          preempted=tuple(preempted), prefill_tokens=prefill_tokens,
-                          prefix_cached_tokens=cached, batch_size=batch_size)
+            forward.produced.update(self._feed(list(followers), forward.preempted))
+        forward.prefill = bool(prefilling)
+        forward.prefill_tokens = fed if prefilling else 0
+        return forward
 
     # -- extras ----------------------------------------------------------------------------
     def warmup(self, steps: int = 4) -> None:
         """A few prefill and decode iterations (first-call allocations, decode estimates)."""
-        saved, self.force_script = self.force_script, False
-        try:
-            ids = [f'__warmup_{i}' for i in range(min(2, self._max_num_seqs))]
-            for request_id in ids:
-                self.register(EngineRequest(request_id, 'Warm up the engine.', 5, steps + 2))
-                self.run(request_id)
-            for _ in range(steps + 1):
-                self.step()
-            for request_id in ids:
-                self.release(request_id)
-        finally:
-            self.force_script = saved
+        self._warm([f'__warmup_{i}' for i in range(min(2, self._max_num_seqs))],
+                   'Warm up the engine.', 5, steps)
 
     # -- internals -------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        """The vocabulary belongs to the model: after close() it is freed memory."""
-        if not self._model:
-            raise EngineError('the llama.cpp engine is closed')
-
     def _prompt_ids(self, request: EngineRequest) -> list[int]:
         """The request's chat turns through the model's chat template when it has one (and
         ``chat_template`` is on), else its plain prompt."""
@@ -672,12 +565,6 @@ class LlamaCppEngine(Engine):
             self._candidate_buffers = (
                 candidates, llama.llama_token_data_array(candidates, self.n_vocab, -1, False))
         return self._candidate_buffers
-
-    def _get(self, request_id: str) -> _Generation:
-        try:
-            return self._generations[request_id]
-        except KeyError:
-            raise EngineError(f'unknown request {request_id!r}') from None
 
     def _alloc_seq(self, keep: Collection[str] = ()) -> int | None:
         """A free sequence id; swaps out the least recently paused generation if none is free,
@@ -795,9 +682,7 @@ class LlamaCppEngine(Engine):
         request_id = generation.request.request_id
         if generation.location == 'host':
             if self._swap_in(generation, preempted):
-                generation.resumes += 1
-                self.resumed_tokens += generation.cached
-                self._pending_cached += generation.cached
+                self._count_resume(generation)
                 return
             logger.warning('could not restore the KV of %s; recomputing it', request_id)
             self._drop(generation)
@@ -809,8 +694,7 @@ class LlamaCppEngine(Engine):
         generation.cached = generation.shared = 0
         self._share_prefix(generation)
         if generation.output_ids:
-            generation.resumes += 1
-            self.recomputed_tokens += generation.total - generation.cached
+            self._count_recompute(generation)
 
     def _share_prefix(self, generation: _Generation) -> None:
         """Start a generation's empty sequence with the cells of its cached prompt prefix
@@ -819,16 +703,12 @@ class LlamaCppEngine(Engine):
         if not self.prefix_caching or prefix is None or generation.cached:
             return
         ids = generation.ids()
-        limit = min(len(prefix.ids), len(ids) - 1)
-        common = 0
-        while common < limit and prefix.ids[common] == ids[common]:
-            common += 1
+        common = common_prefix(prefix.ids, ids, len(ids) - 1)
         if common:
             self._llama.llama_memory_seq_cp(self._mem, prefix.seq, generation.seq, 0, common)
             generation.cached = generation.shared = common
             prefix.used_at = self.steps
-            self.prefix_hit_tokens += common
-            self._pending_cached += common
+            self._count_prefix_hit(common)
 
     def _followers(self, prefilling: Sequence[str]) -> set[str]:
         """Fresh prompts that wait for another prompt of their prefix id in this iteration:
@@ -863,10 +743,7 @@ class LlamaCppEngine(Engine):
             prefix = self._prefixes.get(prefix_id)
             if prefix is not None:
                 # Shrink the cached prefix to what this prompt has in common with it.
-                limit = min(len(prefix.ids), len(generation.prompt_ids))
-                common = 0
-                while common < limit and prefix.ids[common] == generation.prompt_ids[common]:
-                    common += 1
+                common = common_prefix(prefix.ids, generation.prompt_ids)
                 if 0 < common < len(prefix.ids):
                     llama.llama_memory_seq_rm(self._mem, prefix.seq, common, -1)
                     del prefix.ids[common:]
@@ -933,7 +810,7 @@ class LlamaCppEngine(Engine):
         batch.n_tokens = n
         return last
 
-    def _forward(self, request_ids: list[str], preempted: list[str]) -> dict[str, int]:
+    def _feed(self, request_ids: list[str], preempted: list[str]) -> dict[str, int]:
         """Feed every listed generation's pending tokens (in as few ``llama_decode`` calls
         as ``n_batch`` allows); return each one's argmax next token."""
         llama = self._llama
@@ -985,12 +862,7 @@ class LlamaCppEngine(Engine):
                     produced[request_id] = choose_token(generation, int(row.argmax()), row,
                                                         self._eos)
 
-    def _accept(self, generation: _Generation,
-                token: int) -> tuple[str | None, FinishReason | None]:
-        """Take the produced (or forced) token; return its text piece and why it ended."""
-        return take_token(generation, token, self._is_eog, self.max_context)
-
-    def _is_eog(self, token: int) -> bool:
+    def _is_eos(self, token: int) -> bool:
         return bool(self._llama.llama_vocab_is_eog(self._vocab, token))
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from timelyllm_ros.engines.base import (
+    BatchingEngine,
     Capability,
     CostModel,
-    Engine,
     EngineBehaviour,
     EngineRequest,
     EngineStats,
@@ -60,7 +60,7 @@ class _Generation:
     joined_at: int = 0          # order of (re)joining, for the join limit
 
 
-class SimulatedEngine(Engine):
+class SimulatedEngine(BatchingEngine[_Generation]):
     """A latency-model engine; deterministic for a given sequence of calls."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
@@ -290,14 +290,6 @@ class SimulatedEngine(Engine):
             raise EngineError(f'evict ratio must be in [0, 1), got {evict_ratio}')
         self._get(request_id).evict_ratio = evict_ratio
 
-    @property
-    def running(self) -> tuple[str, ...]:
-        return tuple(self._running)
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self._max_num_seqs
-
     def step(self, only: Collection[str] | None = None) -> StepResult:
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
@@ -445,9 +437,3 @@ class SimulatedEngine(Engine):
         own = min(evicted, request.prompt_tokens - self._shared_tokens(request))
         self.kv.shrink(request_id, own)
         generation.evicted_tokens = evicted - own   # the rest lies in the shared prefix
-
-    def _get(self, request_id: str) -> _Generation:
-        try:
-            return self._generations[request_id]
-        except KeyError:
-            raise EngineError(f'unknown request {request_id!r}') from None

