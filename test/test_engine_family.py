@@ -1,0 +1,138 @@
+"""Engines are a plug-in family: a new engine is one module.
+
+:class:`ToyEngine` below is a whole engine: a "model" over a fixed vocabulary that writes one
+Tello plan, token by token. It subclasses :class:`~timelyllm_ros.engines.real.RealEngine` and
+fills in only its tokenizer, its prompt ids, its forward pass and its memory and latency; the
+kept token ids, the running set, the step that takes each token into a ``StepResult``, the
+stats and ``count_tokens``/``token_ids`` are the base's. It is built by
+``create_engine('module:Class')`` and planned through the scheduler like any engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import pytest
+
+from timelyllm_ros.clock import SimClock
+from timelyllm_ros.engines import create_engine, engine_options
+from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.engines.constraint import TokenGrammar
+from timelyllm_ros.engines.kept import KeptTokens, PieceDetokenizer
+from timelyllm_ros.engines.real import ForwardPass, RealEngine
+from timelyllm_ros.errors import EngineError
+from timelyllm_ros.policies import create_policy
+from timelyllm_ros.request import TaskSpec, TaskStatus
+from timelyllm_ros.scheduler import Scheduler
+from timelyllm_ros.tuf import NORMAL
+
+VOCAB = ('<eos>', ' ', 'mf', 'tc', '(', ')', ';', '50', '90', '<word>')
+EOS = 0
+PLAN = (2, 4, 7, 5, 6, 3, 4, 8, 5)          # mf(50);tc(90)
+
+
+class ToyEngine(RealEngine[KeptTokens]):
+    """Writes ``mf(50);tc(90)`` for every request, one token per decode iteration."""
+
+    backend_name = 'toy'
+
+    def __init__(self, model: str = 'toy', max_num_seqs: int = 4,
+                 lookahead_tokens: int = 0) -> None:
+        super().__init__(model, max_num_seqs, lookahead_tokens)
+        self.max_context = 8192
+        self.eos_ids = frozenset({EOS})
+
+    def _encode(self, text: str) -> list[int]:
+        return [VOCAB.index(word) if word in VOCAB else len(VOCAB) - 1
+                for word in text.split()]
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        return self._encode(request.prompt)
+
+    def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
+                        forced: list[int] | None, grammar: TokenGrammar | None) -> KeptTokens:
+        return KeptTokens(request, prompt_ids, forced,
+                          detokenizer=PieceDetokenizer(lambda token: VOCAB[token].encode()))
+
+    def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
+        """Prefill the prompts that joined, else decode the running generations (of the
+        mask ``only``); every row's next token is the plan's next one."""
+        joining = [r for r in self._running if self._generations[r].pending > 1]
+        rows = joining or [r for r in self._running if only is None or r in only] or list(
+            self._running)
+        forward = ForwardPass(prefill=bool(joining), batch_size=len(rows))
+        for request_id in rows:
+            generation = self._generations[request_id]
+            if joining:
+                forward.prefill_tokens += generation.pending
+            generation.cached, generation.location = generation.total, 'device'   # its "KV"
+            index = len(generation.output_ids)
+            forward.produced[request_id] = PLAN[index] if index < len(PLAN) else EOS
+        return forward
+
+    def _fits(self, generation: KeptTokens) -> bool:
+        return True                                   # its "KV" never runs out
+
+    def run_cost_s(self, request_id: str) -> float:
+        return 0.0
+
+    def decode_step_s(self, batch_size: int) -> float:
+        return 0.001
+
+
+TOY = f'{__name__}:ToyEngine'
+
+
+def _tello_task(task_id: str) -> TaskSpec:
+    return TaskSpec(task_id, f'{task_id}-drone', 'tello', 'normal', 'T0', NORMAL, 0.0,
+                    'find the cat', 400, task_tokens=10)
+
+
+def test_a_new_engine_is_built_by_module_and_class_with_its_options_checked() -> None:
+    engine = create_engine(TOY, max_num_seqs='2')
+    assert isinstance(engine, ToyEngine) and engine.max_num_seqs == 2
+    assert set(engine_options(TOY)) == {'model', 'max_num_seqs', 'lookahead_tokens'}
+    assert engine.supports('tokenizer') and not engine.supports('grammar')
+    assert engine.count_tokens('mf ( 50 )') == 4
+    with pytest.raises(EngineError, match=f"engine '{TOY}' takes no option 'warp'"):
+        create_engine(TOY, warp='on')
+
+
+def test_the_shared_step_takes_each_token_and_ends_at_eos() -> None:
+    engine = create_engine(TOY)
+    engine.register(EngineRequest('a', 'fly to the kitchen', 4, max_tokens=32))
+    engine.run('a')
+    first = engine.step()
+    assert first.prefill_tokens == 4 and first.text == {'a': 'mf'} and first.token_ids == {
+        'a': (2,)}
+    text = 'mf'
+    while engine.running:
+        result = engine.step()
+        text += result.text.get('a', '')
+    assert text == 'mf(50);tc(90)' and result.finished == {'a': 'eos'}
+    assert engine.token_ids('a') == PLAN
+    stats = engine.stats()
+    assert (stats.model, stats.steps) == ('toy', engine.steps) and stats.busy_s >= 0
+    engine.release('a')
+    with pytest.raises(EngineError, match="unknown request 'a'"):
+        engine.token_ids('a')
+    engine.close()
+    with pytest.raises(EngineError, match='the toy engine is closed'):
+        engine.register(EngineRequest('b', 'p', 1, max_tokens=4))
+
+
+def test_the_scheduler_plans_on_the_new_engine_segment_by_segment() -> None:
+    engine = create_engine(TOY)
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
+    generation = scheduler.submit(_tello_task('t0'))
+    dispatched = []
+    for _ in range(100):
+        dispatched.extend(scheduler.tick().dispatches)
+        if generation.status >= TaskStatus.GENERATED:
+            break
+    assert generation.status == TaskStatus.GENERATED      # the robot has yet to report
+    assert [d.segment.text for d in dispatched] == ['mf(50)', ';tc(90)']
+    assert [c.skill for d in dispatched for c in d.segment.calls] == ['move_forward',
+                                                                       'turn_cw']
+    assert [d.segment.tokens for d in dispatched] == [4, 5]        # mf ( 50 ) | ; tc ( 90 )
+    assert dispatched[-1].segment.is_last and engine.running == ()
