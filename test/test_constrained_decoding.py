@@ -108,7 +108,7 @@ def _generate(engine: Engine, grammar: str | None,
                 engine.evict(request_id, evict)  # type: ignore[arg-type]
             engine.step()                      # an iteration without it
             engine.run(request_id)
-    ids = engine.token_ids(request_id)      # type: ignore[attr-defined]
+    ids = engine.token_ids(request_id)
     engine.release(request_id)
     assert reason, 'the generation did not end'
     return tuple(ids), text, reason

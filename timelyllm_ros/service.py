@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from timelyllm_ros.clock import Clock, WallClock
-from timelyllm_ros.engines import Engine, create_engine
+from timelyllm_ros.engines import Engine, create_engine, engine_class
 from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import (
     GoalError,
@@ -112,8 +112,9 @@ class PlannerService:
                comm_s: float = 0.008, profiles_dir: str | None = None,
                config: SchedulerConfig | None = None, grammar: bool = True,
                clock: Clock | None = None) -> PlannerService:
-        """Build a service over a new engine, e.g. ``create(engine='cpu', model='smollm2')``
-        (the simulator runs in real time).
+        """Build a service over a new engine, e.g. ``create(engine='cpu', model='smollm2')``,
+        with the engine's wall-clock defaults (``Engine.live_options``: the simulator runs in
+        real time).
 
         ``engine_options`` are the engine's own options (text values are converted); the
         simulator also takes ``calibration``. ``grammar`` constrains robot plans to their
@@ -126,11 +127,9 @@ class PlannerService:
             EngineError: an unknown engine, an option it does not take, or one it failed with.
             PolicyError: an unknown policy.
         """
-        options = dict(engine_options or {})
+        options = {**engine_class(engine).live_options, **(engine_options or {})}
         if calibration is not None:
             options['calibration'] = calibration
-        if engine == 'sim':
-            options.setdefault('realtime', True)
         built: Engine = create_engine(engine, model=model, **options)
         try:
             def profiles(name: str) -> RobotProfile:
