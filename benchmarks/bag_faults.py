@@ -46,8 +46,8 @@ from lrtrace.cli import main as lrtrace_main
 from lrtrace.reader import RawMessage, iter_raw_messages, read_bag
 from lrtrace.recorder import record_simulation, with_drawn_skill_times
 from timelyllm_ros.errors import TraceFormatError
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.workloads import resolve_workload
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
 
 FAULT_KINDS = ('byte', 'bitflip', 'truncate', 'truncate-no-metadata', 'zero')
 OUTCOMES = ('detected', 'recovered_truncation', 'under_recovered', 'flagged_partial', 'intact',

@@ -16,7 +16,7 @@ import time
 
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.llamacpp import LlamaCppEngine
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.language.profiles import load_profile
 
 WORDS = ('the drone flies over the table and looks for a red box near the window while the arm '
          'waits').split()

@@ -48,8 +48,8 @@ import yaml
 from lrtrace.fit import fit_profile, write_profile
 from lrtrace.recorder import TraceRecorder
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.exec_time import MIN_SKILL_S
-from timelyllm_ros.profiles import RobotProfile, load_profile, load_profile_file
+from timelyllm_ros.language.exec_time import MIN_SKILL_S
+from timelyllm_ros.language.profiles import RobotProfile, load_profile, load_profile_file
 from timelyllm_ros.robots.backend import SkillRecord
 
 WAYS = ('falling', 'flat_noise', 'two_falling', 'zeros', 'tiny_scale', 'one_value',

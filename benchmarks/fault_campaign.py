@@ -53,20 +53,20 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.core.tuf import Tuf, tuf_for_class
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError, GoalError
-from timelyllm_ros.goals import PlanGoal
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import Statement, segment_pieces
+from timelyllm_ros.live.goals import PlanGoal
+from timelyllm_ros.live.service import PlannerService
 from timelyllm_ros.nodes.convert import statements_from_text, task_from_msg
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.segmenter import Statement, segment_pieces
-from timelyllm_ros.service import PlannerService
-from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 PROFILES = ('tello', 'indy7', 'chatbot')
 VALID_PLANS = {

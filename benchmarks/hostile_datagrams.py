@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from timelyllm_ros.clock import WallClock
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.core.clock import WallClock
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import load_profile
 from timelyllm_ros.robots.emulators.tello import TelloEmulator
 
 HOST = '127.0.0.1'

@@ -53,8 +53,8 @@ ROWS = 'rows.json'              # what the loaders' child found, one row per cas
 def base_documents() -> dict[str, tuple[str, object]]:
     """Per loader, a valid document and its format ('yaml' or 'json')."""
     from timelyllm_ros.engines.calibration import CALIBRATION_DIR, DEFAULT_CALIBRATION
-    from timelyllm_ros.profiles import PROFILES_DIR
-    from timelyllm_ros.traces import DERIVED_TRACES
+    from timelyllm_ros.language.profiles import PROFILES_DIR
+    from timelyllm_ros.language.traces import DERIVED_TRACES
 
     def data(path: Path) -> object:
         return yaml.safe_load(path.read_text(encoding='utf-8'))   # bundled files: trusted
@@ -169,15 +169,15 @@ def loaders() -> dict[str, tuple[Callable[[Path], object], tuple[type[Exception]
     from lrtrace.cli import _read_poses
     from timelyllm_ros.engines import create_engine
     from timelyllm_ros.errors import EngineError, ProfileError, RobotError, WorkloadError
-    from timelyllm_ros.profiles import load_profile_file
-    from timelyllm_ros.simulation import simulate
-    from timelyllm_ros.traces import load_trace_set
-    from timelyllm_ros.workloads import (
+    from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.evaluation.workloads import (
         BUILTIN_WORKLOADS,
         generate_tasks,
         load_authors_workload,
         load_workload_spec,
     )
+    from timelyllm_ros.language.profiles import load_profile_file
+    from timelyllm_ros.language.traces import load_trace_set
 
     def spec(path: Path) -> object:
         tasks = generate_tasks(load_workload_spec(path), seed=0)

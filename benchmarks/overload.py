@@ -7,8 +7,8 @@ Every robot of the fleet (a Tello drone running one of the drone traces T1–T8:
 T6–T8 urgent) sends its goals within ``burst_s`` simulated seconds, far more than the engine
 (the calibrated simulator, prefix caching on) can generate in time, so nearly every goal is past
 its zero-utility time before its generation can start. The fleet runs on the project's own
-discrete-event simulation (:func:`timelyllm_ros.simulation.simulate`), one run per policy over
-the same goals, all on the simulated clock.
+discrete-event simulation (:func:`timelyllm_ros.evaluation.simulation.simulate`), one run per
+policy over the same goals, all on the simulated clock.
 
 Per policy it reports ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from timelyllm_ros.core.request import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.core.tuf import tuf_for_class
 from timelyllm_ros.engines import create_engine
-from timelyllm_ros.metrics import TaskMetrics, task_metrics
-from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
-from timelyllm_ros.simulation import SimulationResult, simulate
-from timelyllm_ros.traces import approx_tokenize, load_trace_set
-from timelyllm_ros.tuf import tuf_for_class
-from timelyllm_ros.workloads import CLASS_TUF
+from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
+from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
+from timelyllm_ros.evaluation.workloads import CLASS_TUF
+from timelyllm_ros.language.traces import approx_tokenize, load_trace_set
 
 DRONE_TRACES = tuple(range(1, 9))          # T1–T5 normal, T6–T8 urgent (Tello)
 DEFAULT_POLICIES = ('vllm', 'timelyllm')

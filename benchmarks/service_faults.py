@@ -33,16 +33,16 @@ from collections import Counter
 
 import numpy as np
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskSpec, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.core.tuf import tuf_for_class
 from timelyllm_ros.engines.native_check import check_engine, run_check
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import GoalError
+from timelyllm_ros.language.traces import approx_tokenize
+from timelyllm_ros.live.service import PlanGoal, PlannerService
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import Generation, TaskSpec, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.service import PlanGoal, PlannerService
-from timelyllm_ros.traces import approx_tokenize
-from timelyllm_ros.tuf import tuf_for_class
 
 TASKS = ('take off, fly forward 1 m and land', 'find the cat and go to it',
          'turn around twice, then land', 'fly up 50 cm, look for the keys, land')

@@ -46,10 +46,10 @@ MAX_PROFILE_CALLS = 100_000
 
 def cmd_record(args: argparse.Namespace) -> int:
     from lrtrace.recorder import record_simulation, with_drawn_skill_times
+    from timelyllm_ros.core.scheduler import SchedulerConfig
     from timelyllm_ros.errors import TraceFormatError
-    from timelyllm_ros.scheduler import SchedulerConfig
-    from timelyllm_ros.simulation import simulate
-    from timelyllm_ros.workloads import resolve_workload
+    from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.evaluation.workloads import resolve_workload
 
     if Path(args.out).exists():
         raise TraceFormatError(f'{args.out} exists already, not overwriting')
@@ -168,8 +168,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from lrtrace.replay import replay
-    from timelyllm_ros.scheduler import SchedulerConfig
-    from timelyllm_ros.tables import summary_tables
+    from timelyllm_ros.core.scheduler import SchedulerConfig
+    from timelyllm_ros.evaluation.tables import summary_tables
 
     summary = replay(args.bags, args.workload_spec, seed=args.seed, policy=args.policy,
                      config=SchedulerConfig(comm_s=args.comm_ms / 1000.0))

@@ -10,9 +10,10 @@ current model has:
 * ``constant``   -- the mean.
 
 Timings that make no sense are never written as a model (the models drive the report deadline
-of the next segment, and the loader refuses them anyway, see :mod:`timelyllm_ros.exec_time`):
+of the next segment, and the loader refuses them anyway, see
+:mod:`timelyllm_ros.language.exec_time`):
 
-* a duration shorter than :data:`~timelyllm_ros.exec_time.MIN_SKILL_S` (1 ms) is not a
+* a duration shorter than :data:`~timelyllm_ros.language.exec_time.MIN_SKILL_S` (1 ms) is not a
   measurement of a skill (a zero-length record, a time scale that shrinks it to nothing): it
   is dropped, and counted (``invalid_samples``); a skill left without samples keeps its model;
 * a parametric skill recorded at too few distinct argument values for its degree keeps its
@@ -60,7 +61,7 @@ from pydantic import TypeAdapter, ValidationError
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
 from timelyllm_ros.errors import ProfileError, TraceFormatError
-from timelyllm_ros.exec_time import (
+from timelyllm_ros.language.exec_time import (
     MIN_SKILL_S,
     ExecTimeModel,
     ParametricTime,
@@ -69,9 +70,9 @@ from timelyllm_ros.exec_time import (
     fit_sampled,
     parametric_problem,
 )
-from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
+from timelyllm_ros.language.profiles import RobotProfile, load_profile_name_or_file
+from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.safe_files import DATA_FILE, InputError, TraceInputError, parse_json
-from timelyllm_ros.segmenter import segment_text
 
 __all__ = ['FitReport', 'SkillFit', 'bag_time_scale', 'collect_samples', 'fit_profile',
            'profile_skips', 'recorded_reference', 'write_profile']
@@ -441,7 +442,8 @@ def fit_profile(bags: Sequence[str | Path | TraceBag], profile: RobotProfile | s
 
 
 def write_profile(profile: RobotProfile, path: str | Path) -> Path:
-    """Write a profile as YAML that :func:`~timelyllm_ros.profiles.load_profile` reads back.
+    """Write a profile as YAML that :func:`~timelyllm_ros.language.profiles.load_profile` reads
+    back.
 
     Raises:
         ProfileError: the file cannot be written.

@@ -32,8 +32,8 @@ from typing import Any
 from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 from rosbags.typesys.store import Typestore
 
+from timelyllm_ros.core.task_record import UNSET_STAMP_SEC
 from timelyllm_ros.errors import TraceFormatError
-from timelyllm_ros.task_record import UNSET_STAMP_SEC
 
 __all__ = [
     'MSG_TYPES', 'META_TOPIC', 'SEGMENTS_TOPIC', 'SEGMENT_DONE_TOPIC', 'SKILLS_TOPIC',

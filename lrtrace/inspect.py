@@ -15,7 +15,7 @@ from typing import Any
 
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
-from timelyllm_ros.tables import text_table
+from timelyllm_ros.evaluation.tables import text_table
 
 __all__ = ['format_table', 'plot_timeline', 'segment_rows', 'skill_rows', 'task_rows']
 

@@ -37,10 +37,10 @@ from lrtrace import format as fmt
 from lrtrace.recorder import TraceRecorder
 from lrtrace.replay import LiveReplay
 from timelyllm_ros.errors import TimelyError
+from timelyllm_ros.evaluation.workloads import resolve_workload
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, reliable
 from timelyllm_ros.nodes.spin import spin_until_shutdown
-from timelyllm_ros.workloads import resolve_workload
 
 
 class LrtraceRecorderNode(Node):

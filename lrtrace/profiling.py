@@ -48,15 +48,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lrtrace.recorder import TraceRecorder
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.errors import RobotError, TraceFormatError
-from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
-from timelyllm_ros.request import Segment
+from timelyllm_ros.language.profiles import RobotProfile, load_profile_name_or_file
+from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import RobotOptions, open_robot
 from timelyllm_ros.robots.kind import RobotKind, kind_of, robot_kinds
 from timelyllm_ros.robots.rig import Rig, Step, profile_calls
-from timelyllm_ros.segmenter import segment_text
 
 __all__ = ['BACKENDS', 'DEFAULTS', 'ProfileRun', 'Step', 'profile_calls', 'profile_robot']
 

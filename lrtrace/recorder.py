@@ -41,14 +41,14 @@ from rosbags.rosbag2.enums import CompressionMode
 from rosbags.rosbag2.storage_mcap import McapWriter
 
 from lrtrace import format as fmt
+from timelyllm_ros.core.request import Generation, Segment, TaskSpec
+from timelyllm_ros.core.task_record import STAMP_FIELDS, STAMP_LIST_FIELDS, task_record_fields
 from timelyllm_ros.errors import TraceFormatError
-from timelyllm_ros.execution import MeasuredTimes
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Generation, Segment, TaskSpec
+from timelyllm_ros.language.execution import MeasuredTimes
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.segmenter import segment_text
-from timelyllm_ros.task_record import STAMP_FIELDS, STAMP_LIST_FIELDS, task_record_fields
 
 __all__ = ['DEFAULT_CHUNK_SIZE', 'TraceRecorder', 'record_simulation', 'simulation_skill_records',
            'with_drawn_skill_times', 'write_mcap_crcs']
@@ -435,7 +435,8 @@ def simulation_skill_records(profile: RobotProfile, generation: Generation
 
 def record_simulation(result: Any, path: str | Path, chunk_size: int = DEFAULT_CHUNK_SIZE,
                       source: str = '', info: Mapping[str, str] | None = None) -> dict[str, int]:
-    """Record every task of a :class:`~timelyllm_ros.simulation.SimulationResult` into a bag.
+    """Record every task of a :class:`~timelyllm_ros.evaluation.simulation.SimulationResult` into
+    a bag.
 
     Per task: its ``TaskRecord``, each dispatched ``Segment``, each executed segment's
     ``SegmentDone`` and, where the durations are known (see :func:`simulation_skill_records`),

@@ -24,18 +24,18 @@ from typing import Any
 
 from lrtrace import format as fmt
 from lrtrace.reader import TraceBag, read_bag
+from timelyllm_ros.core.request import TaskSpec
+from timelyllm_ros.core.scheduler import SchedulerConfig
+from timelyllm_ros.core.tuf import Tuf
 from timelyllm_ros.errors import TraceFormatError, WorkloadError
-from timelyllm_ros.request import TaskSpec
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.traces import Trace, TraceSet
-from timelyllm_ros.tuf import Tuf
-from timelyllm_ros.workloads import (
+from timelyllm_ros.evaluation.workloads import (
     BUILTIN_WORKLOADS,
     CLASS_TUF,
     WorkloadSpec,
     generate_tasks,
     load_workload_spec,
 )
+from timelyllm_ros.language.traces import Trace, TraceSet
 
 __all__ = ['Dispatch', 'LiveReplay', 'RecordedTraceSet', 'recorded_tasks', 'replay',
            'replay_result', 'traces_from_bags']
@@ -183,7 +183,7 @@ def workload_tasks(traces: RecordedTraceSet | TraceSet, workload: WorkloadSpec |
 def replay_result(source: Sequence[str | Path | TraceBag] | TraceSet,
                   workload: WorkloadSpec | str | Path | None = None, seed: int = 0,
                   policy: str = 'timelyllm', config: SchedulerConfig | None = None) -> Any:
-    """Replay and return the :class:`~timelyllm_ros.simulation.SimulationResult`.
+    """Replay and return the :class:`~timelyllm_ros.evaluation.simulation.SimulationResult`.
 
     Args:
         source: bags (paths or read) or a trace set (e.g. from :func:`traces_from_bags`).
@@ -198,7 +198,7 @@ def replay_result(source: Sequence[str | Path | TraceBag] | TraceSet,
         WorkloadError: a workload naming a trace the bags do not hold, or no workload with a
             trace set.
     """
-    from timelyllm_ros.simulation import simulate
+    from timelyllm_ros.evaluation.simulation import simulate
 
     if workload is None:
         if isinstance(source, TraceSet):
@@ -218,7 +218,7 @@ def replay(source: Sequence[str | Path | TraceBag] | TraceSet,
            ) -> dict[str, object]:
     """Replay recorded traces and return the metrics summary (``by_class``, ``by_type``,
     ``overall``, ``run``; the ``timelyllm run`` contract). See :func:`replay_result`."""
-    from timelyllm_ros.bench import run_summary
+    from timelyllm_ros.evaluation.bench import run_summary
 
     return run_summary(replay_result(source, workload, seed, policy, config))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from utils import make_spec, tiny_calibration
 
-from timelyllm_ros.admission import (
+from timelyllm_ros.core.admission import (
     AdmissionContext,
     budget_s,
     delay_cost,
@@ -20,12 +20,12 @@ from timelyllm_ros.admission import (
     wcet_s,
     zero_utility_budget_s,
 )
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import Generation, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 
 COMM = 0.008
 L_MAX = 10

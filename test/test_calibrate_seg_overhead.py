@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from timelyllm_ros.calibrate import measure, write_calibration
 from timelyllm_ros.cli import main
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.calibration import CALIBRATION_DIR, load_calibration
-from timelyllm_ros.seg_overhead import segmentation_overhead
+from timelyllm_ros.evaluation.calibrate import measure, write_calibration
+from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 
 
 def test_calibration_of_the_simulator_recovers_its_latency_model(tmp_path) -> None:
@@ -160,7 +160,7 @@ def test_validate_sim_against_the_simulator_itself_is_exact_and_keeps_the_rankin
 def test_median_abs_rel_error_skips_undefined_and_zero_times():
     import math
 
-    from timelyllm_ros.validate_sim import median_abs_rel_error
+    from timelyllm_ros.evaluation.validate_sim import median_abs_rel_error
 
     assert median_abs_rel_error([1.0, 2.0, 4.0], [1.1, 2.0, 2.0]) == pytest.approx(0.1)
     assert median_abs_rel_error([math.nan, 0.0], [1.0, 1.0]) is None

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from timelyllm_ros.bench import COMPARED_METRICS
 from timelyllm_ros.cli import main
+from timelyllm_ros.evaluation.bench import COMPARED_METRICS
 
 METRIC_KEYS = {'tasks', 'completed', 'utility_mean', 'utility_max', 'response_time_mean_s',
                'waiting_time_mean_s', 'completion_time_mean_s', 'completion_rate',

@@ -17,13 +17,13 @@ from dataclasses import replace
 
 import pytest
 
+from timelyllm_ros.core.plan_requests import plan_request
 from timelyllm_ros.engines.base import Engine, EngineRequest
 from timelyllm_ros.errors import EngineError
-from timelyllm_ros.grammar import plan_grammar
-from timelyllm_ros.plan_requests import plan_request
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.segmenter import segment_text
-from timelyllm_ros.validation import statement_problem
+from timelyllm_ros.language.grammar import plan_grammar
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.language.segmenter import segment_text
+from timelyllm_ros.language.validation import statement_problem
 
 pytest.importorskip('llguidance', reason='llguidance is not installed (pip install llguidance)')
 

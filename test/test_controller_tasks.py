@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from timelyllm_ros.core.tuf import URGENT, Tuf
 from timelyllm_ros.errors import TufError
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
-from timelyllm_ros.tuf import URGENT, Tuf
 
 
 class Msg(SimpleNamespace):

@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 from utils import make_scheduler, make_spec
 
+from timelyllm_ros.core.tuf import URGENT
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.goals import validate_goal
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.live.goals import validate_goal
 from timelyllm_ros.nodes import convert
-from timelyllm_ros.profiles import load_profile
 from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.tuf import URGENT
 
 
 class Msg(SimpleNamespace):

@@ -16,7 +16,7 @@ from timelyllm_ros.engines import (
     parse_engine_options,
 )
 from timelyllm_ros.errors import EngineError
-from timelyllm_ros.service import PlannerService
+from timelyllm_ros.live.service import PlannerService
 
 # name -> (options of a small, local build; the package it needs)
 BUILDS: dict[str, tuple[dict[str, object], str | None]] = {

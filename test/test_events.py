@@ -8,9 +8,9 @@ import math
 import numpy as np
 from utils import make_scheduler, make_spec, tiny_calibration
 
-from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 
 
 def _report_all(scheduler: Scheduler, dispatches: list[Dispatch]) -> None:

@@ -10,7 +10,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.exec_time import (
+from timelyllm_ros.language.exec_time import (
     MIN_SKILL_S,
     ConstantTime,
     ExecTimeModel,
@@ -20,7 +20,7 @@ from timelyllm_ros.exec_time import (
     fit_parametric,
     fit_sampled,
 )
-from timelyllm_ros.profiles import PROFILES_DIR, load_profile, load_profile_file
+from timelyllm_ros.language.profiles import PROFILES_DIR, load_profile, load_profile_file
 
 RNG_SEEDS = range(5)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from timelyllm_ros.execution import MeasuredTimes, estimate_min_s, simulate_s
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.segmenter import SkillCall, Statement, segment_text
+from timelyllm_ros.language.execution import MeasuredTimes, estimate_min_s, simulate_s
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import SkillCall, Statement, segment_text
 
 # tello models: takeoff 5 s, is_visible / log / take_picture 0.001 s, goto 2.5 s,
 # move_forward 1.8144 + 0.0072 d (mf(50) = 2.1744 s), turn_cw 0.784 + 0.0165 deg (tc(90) = 2.269 s)

@@ -7,13 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from timelyllm_ros.clock import SimClock, WallClock
+from timelyllm_ros.core.clock import SimClock, WallClock
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Segment
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import SkillCall, Statement, segment_text
 from timelyllm_ros.robots.executor import SegmentExecution, SkillExecutor, condition_holds
 from timelyllm_ros.robots.sim_backend import SimulatedBackend
-from timelyllm_ros.segmenter import SkillCall, Statement, segment_text
 
 # tello models: takeoff 5 s, land 3 s, mf/mb/ml/mr 1.8144 + 0.0072 d, tc/tu 0.784 + 0.0165 deg
 TO, LD = 5.0, 3.0

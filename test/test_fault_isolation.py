@@ -11,16 +11,16 @@ import threading
 import pytest
 from utils import make_scheduler, make_spec
 
-from timelyllm_ros import scheduler as scheduler_module
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core import scheduler as scheduler_module
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig, TickResult
 from timelyllm_ros.engines.faults import FaultInjectingEngine, InjectedFault
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import ConfigError, EngineError, GoalError
+from timelyllm_ros.language.segmenter import Segmenter
+from timelyllm_ros.live.service import PlanGoal, PlannerService
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig, TickResult
-from timelyllm_ros.segmenter import Segmenter
-from timelyllm_ros.service import PlanGoal, PlannerService
 
 PLANS = {f'g{i}': plan for i, plan in enumerate(
     ['mr(50);mf(100)', 'mf(50);tc(90);mf(20)', 'u(30);d(30)', 'tc(45);mb(60)'])}

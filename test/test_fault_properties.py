@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'benchmarks'))
 import fault_campaign as campaign  # noqa: E402
 
+from timelyllm_ros.core.request import TaskSpec  # noqa: E402
+from timelyllm_ros.core.tuf import Tuf, tuf_for_class  # noqa: E402
 from timelyllm_ros.errors import GoalError  # noqa: E402
-from timelyllm_ros.request import TaskSpec  # noqa: E402
-from timelyllm_ros.service import PlanGoal, PlannerService  # noqa: E402
-from timelyllm_ros.tuf import Tuf, tuf_for_class  # noqa: E402
+from timelyllm_ros.live.service import PlanGoal, PlannerService  # noqa: E402
 
 PROPERTY_SETTINGS = settings(max_examples=40, deadline=None,
                              suppress_health_check=[HealthCheck.too_slow])

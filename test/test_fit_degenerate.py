@@ -18,8 +18,8 @@ import pytest
 from lrtrace.cli import main
 from lrtrace.fit import fit_profile, write_profile
 from lrtrace.recorder import TraceRecorder
-from timelyllm_ros.exec_time import MIN_SKILL_S, ParametricTime
-from timelyllm_ros.profiles import load_profile, load_profile_file
+from timelyllm_ros.language.exec_time import MIN_SKILL_S, ParametricTime
+from timelyllm_ros.language.profiles import load_profile, load_profile_file
 from timelyllm_ros.robots.backend import SkillRecord
 
 Call = tuple[str, str, float]        # (skill, call text, seconds)

@@ -1,4 +1,4 @@
-"""Plan grammars compiled from the robot profiles (timelyllm_ros.grammar).
+"""Plan grammars compiled from the robot profiles (timelyllm_ros.language.grammar).
 
 Strings are checked against the grammar with llguidance over a byte tokenizer (one token per
 byte), so acceptance is exact: a string is in the grammar when every byte is accepted and the
@@ -13,11 +13,16 @@ import random
 import numpy as np
 import pytest
 
-from timelyllm_ros.grammar import MAX_STRING_CHARS, float_range, integer_range, plan_grammar
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.segmenter import segment_text
-from timelyllm_ros.traces import load_trace_set
-from timelyllm_ros.validation import statement_problem
+from timelyllm_ros.language.grammar import (
+    MAX_STRING_CHARS,
+    float_range,
+    integer_range,
+    plan_grammar,
+)
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.language.segmenter import segment_text
+from timelyllm_ros.language.traces import load_trace_set
+from timelyllm_ros.language.validation import statement_problem
 
 llguidance = pytest.importorskip('llguidance', reason='llguidance is not installed')
 

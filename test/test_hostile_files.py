@@ -235,10 +235,10 @@ import json, sys
 from lrtrace.cli import _read_poses
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.errors import EngineError, ProfileError, RobotError, WorkloadError
-from timelyllm_ros.profiles import load_profile_file
+from timelyllm_ros.language.profiles import load_profile_file
 from timelyllm_ros.safe_files import InputError
-from timelyllm_ros.traces import load_trace_set
-from timelyllm_ros.workloads import load_authors_workload, load_workload_spec
+from timelyllm_ros.language.traces import load_trace_set
+from timelyllm_ros.evaluation.workloads import load_authors_workload, load_workload_spec
 
 LOADERS = {'workload spec': (load_workload_spec, WorkloadError),
            'authors workload': (load_authors_workload, WorkloadError),

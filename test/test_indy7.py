@@ -15,14 +15,14 @@ pytest.importorskip('neuromeka')
 pytest.importorskip('grpc')
 
 from timelyllm_ros.errors import RobotError  # noqa: E402
-from timelyllm_ros.profiles import RobotProfile, load_profile  # noqa: E402
+from timelyllm_ros.language.profiles import RobotProfile, load_profile  # noqa: E402
+from timelyllm_ros.language.segmenter import SkillCall, segment_text  # noqa: E402
 from timelyllm_ros.robots.emulators.indy7 import (  # noqa: E402
     CODE_JOINT_LIMIT,
     HOME_Q,
     Indy7Emulator,
 )
 from timelyllm_ros.robots.indy7 import SERVICES, Indy7Backend, resolve_ports  # noqa: E402
-from timelyllm_ros.segmenter import SkillCall, segment_text  # noqa: E402
 
 SCALE = 0.05
 RED = [400.0, 150.0, 200.0, 0.0, 180.0, 0.0]

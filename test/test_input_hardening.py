@@ -12,26 +12,32 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros import parser as parser_module
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.errors import GoalError, ProfileError, RobotError
-from timelyllm_ros.goals import validate_goal
-from timelyllm_ros.nodes import convert
-from timelyllm_ros.profiles import (
+from timelyllm_ros.language import parser as parser_module
+from timelyllm_ros.language.profiles import (
     PROFILES_DIR,
     available_profiles,
     load_profile,
     load_profile_file,
     load_profile_name_or_file,
 )
-from timelyllm_ros.request import Segment
+from timelyllm_ros.language.segmenter import (
+    Segmenter,
+    SkillCall,
+    Statement,
+    segment_pieces,
+    segment_text,
+)
+from timelyllm_ros.language.validation import statement_problem
+from timelyllm_ros.live.goals import validate_goal
+from timelyllm_ros.nodes import convert
 from timelyllm_ros.robots.backend import wait_on
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.indy7 import Indy7Backend
 from timelyllm_ros.robots.sim_backend import SimulatedBackend
 from timelyllm_ros.robots.tello import TelloBackend
-from timelyllm_ros.segmenter import Segmenter, SkillCall, Statement, segment_pieces, segment_text
-from timelyllm_ros.validation import statement_problem
 
 PROFILES = {name: load_profile(name) for name in available_profiles()}
 TELLO = PROFILES['tello']
@@ -371,7 +377,7 @@ def test_paths_given_on_purpose_still_load(tmp_path):
 
 
 def test_bundled_traces_still_segment():
-    from timelyllm_ros.traces import DERIVED_TRACES, load_trace_set
+    from timelyllm_ros.language.traces import DERIVED_TRACES, load_trace_set
 
     traces = load_trace_set(DERIVED_TRACES)
     assert traces.traces

@@ -25,26 +25,21 @@ PACKAGES = (timelyllm_ros, lrtrace)
 
 LAYERS: dict[str, int] = {
     # L0: plain data and primitives
-    'timelyllm_ros': 0, 'timelyllm_ros.errors': 0, 'timelyllm_ros.clock': 0,
-    'timelyllm_ros.tuf': 0, 'timelyllm_ros.plan': 0, 'timelyllm_ros.request': 0,
-    'timelyllm_ros.events': 0,
+    'timelyllm_ros': 0, 'timelyllm_ros.errors': 0, 'timelyllm_ros.safe_files': 0,
+    'timelyllm_ros.core.clock': 0, 'timelyllm_ros.core.tuf': 0, 'timelyllm_ros.core.request': 0,
+    'timelyllm_ros.core.events': 0, 'timelyllm_ros.language.plan': 0,
     # L1: the robots' plan language, execution times, goals, traces and workloads
-    'timelyllm_ros.exec_time': 1, 'timelyllm_ros.profiles': 1, 'timelyllm_ros.segmenter': 1,
-    'timelyllm_ros.execution': 1, 'timelyllm_ros.goals': 1, 'timelyllm_ros.traces': 1,
-    'timelyllm_ros.workloads': 1, 'timelyllm_ros.grammar': 1, 'timelyllm_ros.task_record': 1,
-    'timelyllm_ros.parser': 1, 'timelyllm_ros.validation': 1,
+    'timelyllm_ros.language': 1, 'timelyllm_ros.core.task_record': 1,
+    'timelyllm_ros.live.goals': 1, 'timelyllm_ros.evaluation.workloads': 1,
     # L2: ranking and admission, and the engine interface policies read
-    'timelyllm_ros.queue': 2, 'timelyllm_ros.priority': 2, 'timelyllm_ros.admission': 2,
-    'timelyllm_ros.predictors': 2, 'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,
-    'timelyllm_ros.plan_requests': 2,
+    'timelyllm_ros.core.queue': 2, 'timelyllm_ros.core.priority': 2,
+    'timelyllm_ros.core.admission': 2, 'timelyllm_ros.core.predictors': 2,
+    'timelyllm_ros.core.plan_requests': 2, 'timelyllm_ros.policies': 2,
+    'timelyllm_ros.engines.base': 2,
     # L3: the scheduler loop, the engines, the robots
-    'timelyllm_ros.scheduler': 3, 'timelyllm_ros.engines': 3, 'timelyllm_ros.robots': 3,
+    'timelyllm_ros.core.scheduler': 3, 'timelyllm_ros.engines': 3, 'timelyllm_ros.robots': 3,
     # L4: running it: live service, simulation, benchmarks, tools, LRTrace
-    'timelyllm_ros.service': 4, 'timelyllm_ros.simulation': 4, 'timelyllm_ros.bench': 4,
-    'timelyllm_ros.calibrate': 4, 'timelyllm_ros.seg_overhead': 4, 'timelyllm_ros.metrics': 4,
-    'timelyllm_ros.plots': 4, 'timelyllm_ros.tables': 4, 'timelyllm_ros.plan_quality': 4,
-    'timelyllm_ros.validate_sim': 4, 'timelyllm_ros.reproduce': 4,
-    'lrtrace': 4,
+    'timelyllm_ros.live': 4, 'timelyllm_ros.evaluation': 4, 'lrtrace': 4,
     # L5: entry points: command lines and ROS nodes
     'timelyllm_ros.cli': 5, 'timelyllm_ros.__main__': 5, 'timelyllm_ros.nodes': 5,
     'lrtrace.cli': 5, 'lrtrace.__main__': 5, 'lrtrace.nodes': 5,
@@ -152,14 +147,14 @@ def test_lrtrace_uses_only_public_timelyllm_ros_modules():
 
 
 def test_the_check_reports_upward_imports_and_allows_downward_ones():
-    assert upward([Import('timelyllm_ros.scheduler', 'timelyllm_ros.service', False),
+    assert upward([Import('timelyllm_ros.core.scheduler', 'timelyllm_ros.live.service', False),
                    Import('timelyllm_ros.policies.semantic', 'timelyllm_ros.engines.sim', False),
-                   Import('timelyllm_ros.request', 'timelyllm_ros.segmenter', True),
+                   Import('timelyllm_ros.core.request', 'timelyllm_ros.language.segmenter', True),
                    Import('timelyllm_ros.policies.semantic', 'timelyllm_ros.engines.base', True),
                    Import('lrtrace.nodes', 'lrtrace.replay', True)]) == [
-        'timelyllm_ros.policies.semantic (L2) -> timelyllm_ros.engines.sim (L3)',
-        'timelyllm_ros.request (L0) -> timelyllm_ros.segmenter (L1)',
-        'timelyllm_ros.scheduler (L3) -> timelyllm_ros.service (L4)']
+        'timelyllm_ros.core.request (L0) -> timelyllm_ros.language.segmenter (L1)',
+        'timelyllm_ros.core.scheduler (L3) -> timelyllm_ros.live.service (L4)',
+        'timelyllm_ros.policies.semantic (L2) -> timelyllm_ros.engines.sim (L3)']
 
 
 def _core_modules() -> list[str]:

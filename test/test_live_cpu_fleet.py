@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from timelyllm_ros.clock import WallClock
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.plan_quality import cooperative_perception
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.request import Generation, Segment, TaskStatus
-from timelyllm_ros.service import PlanGoal, PlannerService
-from timelyllm_ros.traces import load_trace_set
+from timelyllm_ros.core.clock import WallClock
+from timelyllm_ros.core.request import Generation, Segment, TaskStatus
+from timelyllm_ros.evaluation.plan_quality import cooperative_perception
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.language.traces import load_trace_set
+from timelyllm_ros.live.service import PlanGoal, PlannerService
 
 pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
 pytest.importorskip('djitellopy', reason='djitellopy is not installed')

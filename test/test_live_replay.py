@@ -7,7 +7,7 @@ import pytest
 
 from lrtrace.replay import LiveReplay
 from timelyllm_ros.errors import WorkloadError
-from timelyllm_ros.workloads import WorkloadSpec, generate_tasks
+from timelyllm_ros.evaluation.workloads import WorkloadSpec, generate_tasks
 
 SMALL = WorkloadSpec(name='small', eps=0.5, max_tpe=2, trace_ids=[1, 6, 9], agents=3,
                      duration_s=10)

@@ -27,12 +27,12 @@ from lrtrace.inspect import format_table, plot_timeline, segment_rows, skill_row
 from lrtrace.reader import read_bag
 from lrtrace.recorder import TraceRecorder, record_simulation, with_drawn_skill_times
 from lrtrace.replay import recorded_tasks, replay, traces_from_bags
+from timelyllm_ros.core.request import TaskStatus
 from timelyllm_ros.errors import TraceFormatError
-from timelyllm_ros.profiles import load_profile, load_profile_file
-from timelyllm_ros.request import TaskStatus
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import WorkloadSpec, resolve_workload
+from timelyllm_ros.language.profiles import load_profile, load_profile_file
 from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.workloads import WorkloadSpec, resolve_workload
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ import pytest
 
 from lrtrace.cli import main
 from lrtrace.reader import read_bag
-from timelyllm_ros.exec_time import ParametricTime
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.language.exec_time import ParametricTime
+from timelyllm_ros.language.profiles import load_profile
 
 TELLO_FITTED = {'move_forward', 'move_backward', 'move_left', 'move_right', 'move_up',
                 'move_down', 'turn_cw', 'turn_ccw', 'takeoff', 'land'}

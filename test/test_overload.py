@@ -11,12 +11,12 @@ from types import ModuleType
 import pytest
 from utils import make_spec
 
-from timelyllm_ros.admission import AdmissionContext, lost
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.admission import AdmissionContext, lost
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
-from timelyllm_ros.request import Generation, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 
 BENCHMARK = Path(__file__).resolve().parents[1] / 'benchmarks' / 'overload.py'
 

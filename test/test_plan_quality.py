@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from timelyllm_ros.plan_quality import (
+from timelyllm_ros.evaluation.plan_quality import (
     QUALITY_KEYS,
     PlanOutcome,
     grammar_share,
@@ -15,7 +15,7 @@ from timelyllm_ros.plan_quality import (
     relaxed,
     summarize,
 )
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.language.profiles import load_profile
 
 TELLO, INDY7, CHATBOT = (load_profile(name) for name in ('tello', 'indy7', 'chatbot'))
 

@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from utils import make_spec
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.base import Engine, EngineRequest, EngineStats, EvictTo, StepResult
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
 from timelyllm_ros.policies import POLICIES, create_policy
 from timelyllm_ros.policies.autellix import AutellixAtlasPolicy, AutellixPolicy
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.request import Generation, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.workloads import resolve_workload
 
 
 # -- a unit-step engine: every iteration is 1 s and emits one piece per running generation ----

@@ -8,13 +8,13 @@ from collections import Counter
 import pytest
 from utils import make_spec
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import Scheduler
 
 
 class Recording(Policy):

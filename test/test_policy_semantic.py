@@ -9,9 +9,14 @@ import math
 import pytest
 from utils import make_spec, tiny_calibration
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.predictors import OracleLengthPredictor, TufClassUrgency
+from timelyllm_ros.core.request import TaskSpec, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
 from timelyllm_ros.policies import POLICIES, create_policy
 from timelyllm_ros.policies.semantic import (
     PAPER_PROFILES,
@@ -19,11 +24,6 @@ from timelyllm_ros.policies.semantic import (
     PaperCostModel,
     SemanticPolicy,
 )
-from timelyllm_ros.predictors import OracleLengthPredictor, TufClassUrgency
-from timelyllm_ros.request import TaskSpec, TaskStatus
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.workloads import resolve_workload
 
 
 class Recorded(SemanticPolicy):

@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 from utils import make_spec
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.predictors import OracleLengthPredictor
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler
+from timelyllm_ros.core.tuf import NORMAL
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.metrics import aggregate, task_metrics
+from timelyllm_ros.evaluation.metrics import aggregate, task_metrics
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
 from timelyllm_ros.policies import POLICIES, create_policy
 from timelyllm_ros.policies.slice import (
     SLICE_CODE_STEP_TABLE_MS,
@@ -25,12 +31,6 @@ from timelyllm_ros.policies.slice import (
     rate_for_tpot,
     select_tasks,
 )
-from timelyllm_ros.predictors import OracleLengthPredictor
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import Scheduler
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.tuf import NORMAL
-from timelyllm_ros.workloads import resolve_workload
 
 TABLE_S = tuple(ms / 1000 for ms in SLICE_CODE_STEP_TABLE_MS)
 
@@ -244,6 +244,6 @@ def test_registered_and_streaming_not_segmented() -> None:
 
 
 def _empty_view():
-    from timelyllm_ros.queue import GenerationQueue
+    from timelyllm_ros.core.queue import GenerationQueue
 
     return GenerationQueue().view(0.008)

@@ -11,10 +11,21 @@ import numpy as np
 import pytest
 from utils import make_spec, tiny_calibration
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.predictors import (
+    BucketLengthPredictor,
+    OracleLengthPredictor,
+    bundled_length_predictor,
+)
+from timelyllm_ros.core.queue import GenerationQueue
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler
+from timelyllm_ros.core.tuf import NORMAL, URGENT, Tuf
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.metrics import aggregate, task_metrics
+from timelyllm_ros.evaluation.metrics import aggregate, task_metrics
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
 from timelyllm_ros.policies import POLICIES, create_policy
 from timelyllm_ros.policies.timebill import (
     TimeBillPolicy,
@@ -24,17 +35,6 @@ from timelyllm_ros.policies.timebill import (
     unclamped_evict_ratio,
     wcet_s,
 )
-from timelyllm_ros.predictors import (
-    BucketLengthPredictor,
-    OracleLengthPredictor,
-    bundled_length_predictor,
-)
-from timelyllm_ros.queue import GenerationQueue
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import Scheduler
-from timelyllm_ros.simulation import simulate
-from timelyllm_ros.tuf import NORMAL, URGENT, Tuf
-from timelyllm_ros.workloads import resolve_workload
 
 # ETE coefficients for the closed-form tests: p = 0.1 ms per context token, q = 20 ms.
 P, Q, N_X, N_W, PREFILL = 1e-4, 0.02, 2000, 64, 0.2

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from utils import make_spec
 
-from timelyllm_ros.predictors import (
+from timelyllm_ros.core.predictors import (
     BucketLengthPredictor,
     KeywordUrgencyClassifier,
     LengthPredictor,
@@ -18,9 +18,9 @@ from timelyllm_ros.predictors import (
     length_errors,
     length_examples,
 )
-from timelyllm_ros.traces import load_trace_set
-from timelyllm_ros.tuf import NORMAL, URGENT, Tuf
-from timelyllm_ros.workloads import resolve_workload
+from timelyllm_ros.core.tuf import NORMAL, URGENT, Tuf
+from timelyllm_ros.evaluation.workloads import resolve_workload
+from timelyllm_ros.language.traces import load_trace_set
 
 CLASS_LEVEL = {'urgent': 0, 'normal': 1, 'arm': 1, 'chatbot': 2}
 

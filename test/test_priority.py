@@ -11,6 +11,11 @@ import numpy as np
 import pytest
 from utils import make_scheduler, make_spec
 
+from timelyllm_ros.core.priority import artifact_priority, pud_priority, waiting_time
+from timelyllm_ros.core.queue import GenerationQueue, QueueView
+from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.core.scheduler import SchedulerConfig
+from timelyllm_ros.core.tuf import NORMAL, URGENT
 from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.policies import (
     PAPER_POLICIES,
@@ -19,11 +24,6 @@ from timelyllm_ros.policies import (
     create_policy,
     resolve_policy_names,
 )
-from timelyllm_ros.priority import artifact_priority, pud_priority, waiting_time
-from timelyllm_ros.queue import GenerationQueue, QueueView
-from timelyllm_ros.request import Generation, TaskStatus
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.tuf import NORMAL, URGENT
 
 G = 0.09
 COMM = 0.008

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.profiles import (
+from timelyllm_ros.language.profiles import (
     PROFILES_DIR,
     SkillArg,
     available_profiles,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.clock import SimClock, WallClock
+from timelyllm_ros.core.clock import SimClock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.language.profiles import load_profile
 from timelyllm_ros.robots.factory import RobotOptions, open_robot
 from timelyllm_ros.robots.sim_backend import SimulatedBackend
 

@@ -20,9 +20,9 @@ import yaml
 from lrtrace.cli import main as lrtrace_main
 from lrtrace.profiling import BACKENDS, DEFAULTS, profile_robot
 from lrtrace.reader import read_bag
-from timelyllm_ros.clock import SimClock, WallClock
+from timelyllm_ros.core.clock import SimClock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import (
+from timelyllm_ros.language.profiles import (
     PROFILES_DIR,
     available_profiles,
     load_profile,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from utils import make_scheduler, make_spec, tiny_calibration
 
+from timelyllm_ros.core.events import Dispatch
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import NO_SKILL_ERROR, Scheduler
+from timelyllm_ros.core.tuf import Tuf
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.errors import EngineError, GoalError, TufError
-from timelyllm_ros.events import Dispatch
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import NO_SKILL_ERROR, Scheduler
-from timelyllm_ros.tuf import Tuf
 
 CAL = load_calibration()
 COMM = 0.008
@@ -267,7 +267,7 @@ def test_prompt_larger_than_kv_fails_without_stall() -> None:
 
 def test_prompt_larger_than_kv_in_simulation() -> None:
     from timelyllm_ros.engines.sim import SimulatedEngine
-    from timelyllm_ros.simulation import simulate
+    from timelyllm_ros.evaluation.simulation import simulate
 
     result = simulate([make_spec(task_id='big', prompt_tokens=1331)], 'timelyllm',
                       engine=SimulatedEngine(calibration=tiny_calibration()))

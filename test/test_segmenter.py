@@ -7,8 +7,14 @@ from itertools import pairwise
 import pytest
 
 from timelyllm_ros.errors import SegmentationError
-from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import Cut, Segmenter, Statement, segment_pieces, segment_text
+from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.segmenter import (
+    Cut,
+    Segmenter,
+    Statement,
+    segment_pieces,
+    segment_text,
+)
 
 _CONST = {'kind': 'constant', 'seconds': 1.0}
 

@@ -7,8 +7,8 @@ from itertools import pairwise
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.segmenter import Cut, Segmenter, Statement
+from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.segmenter import Cut, Segmenter, Statement
 
 _CONST = {'kind': 'constant', 'seconds': 1.0}
 _SETTINGS = settings(max_examples=150, deadline=None,

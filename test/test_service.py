@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from timelyllm_ros.core.tuf import Tuf
 from timelyllm_ros.engines.scripts import TraceScripts
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.service import PlanGoal, PlannerService
-from timelyllm_ros.tuf import Tuf
+from timelyllm_ros.live.service import PlanGoal, PlannerService
 
 CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 

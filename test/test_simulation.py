@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 from utils import make_scheduler, make_spec
 
+from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import SchedulerConfig
+from timelyllm_ros.core.tuf import NORMAL, Tuf
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.errors import WorkloadError
-from timelyllm_ros.metrics import TaskMetrics, aggregate, group_by, task_metrics
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.request import TaskStatus
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.simulation import SimulationResult, simulate
-from timelyllm_ros.tuf import NORMAL, Tuf
-from timelyllm_ros.workloads import (
+from timelyllm_ros.evaluation.metrics import TaskMetrics, aggregate, group_by, task_metrics
+from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
+from timelyllm_ros.evaluation.workloads import (
     AUTHORS_WORKLOADS,
     WorkloadSpec,
     generate_tasks,
@@ -27,6 +26,7 @@ from timelyllm_ros.workloads import (
     parse_composition,
     resolve_workload,
 )
+from timelyllm_ros.language.profiles import load_profile
 
 COMM = SchedulerConfig().comm_s
 HOT = WorkloadSpec(name='hot', eps=1.0, max_tpe=8, trace_ids=list(range(1, 9)), agents=25,
@@ -189,8 +189,8 @@ def test_max_tpe_above_agents() -> None:
 
 
 def test_story_workloads_serve_the_same_stories_by_sentence_and_by_paragraph() -> None:
-    from timelyllm_ros.profiles import load_profile
-    from timelyllm_ros.segmenter import Segmenter
+    from timelyllm_ros.language.profiles import load_profile
+    from timelyllm_ros.language.segmenter import Segmenter
 
     _, sentences = resolve_workload('story', seed=3)
     _, paragraphs = resolve_workload('story-para', seed=3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from utils import make_scheduler, make_spec
 
+from timelyllm_ros.core.queue import GenerationQueue
 from timelyllm_ros.policies import POLICIES
-from timelyllm_ros.queue import GenerationQueue
 
 
 def _state(policy: object) -> str:

@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from timelyllm_ros.clock import WallClock
+from timelyllm_ros.core.clock import WallClock
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Segment
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import SkillCall, Statement, segment_pieces, segment_text
+from timelyllm_ros.language.traces import approx_tokenize
 from timelyllm_ros.robots.emulators.tello import TelloEmulator, main
 from timelyllm_ros.robots.executor import SegmentExecution, SkillExecutor
-from timelyllm_ros.segmenter import SkillCall, Statement, segment_pieces, segment_text
-from timelyllm_ros.traces import approx_tokenize
 
 FAST = 0.01                    # 100x faster than a real drone
 _hosts = itertools.count(20)
@@ -227,7 +227,7 @@ def test_takeoff_while_flying_succeeds_without_a_command(tello, emulator, backen
 
 
 def test_perception_answers_come_from_the_robot_options(tello):
-    from timelyllm_ros.plan_quality import cooperative_perception
+    from timelyllm_ros.evaluation.plan_quality import cooperative_perception
     from timelyllm_ros.robots.factory import RobotOptions, open_robot
 
     robot = open_robot(tello, 'emulator', None, WallClock(), RobotOptions(
@@ -568,8 +568,8 @@ def test_emulator_cli_rejects_a_busy_port(host, capsys):
 
 _OPEN_AND_HOLD = """
 import sys
-from timelyllm_ros.clock import WallClock
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.core.clock import WallClock
+from timelyllm_ros.language.profiles import load_profile
 from timelyllm_ros.robots.factory import open_robot
 robot = open_robot(load_profile('tello'), 'emulator', None, WallClock())
 print('ok', flush=True)

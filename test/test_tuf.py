@@ -6,8 +6,8 @@ import math
 
 import pytest
 
+from timelyllm_ros.core.tuf import CHATBOT, NORMAL, URGENT, Tuf, tuf_for_class
 from timelyllm_ros.errors import GoalError, TufError
-from timelyllm_ros.tuf import CHATBOT, NORMAL, URGENT, Tuf, tuf_for_class
 
 
 @pytest.mark.parametrize(('t', 'expected'), [

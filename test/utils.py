@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import TaskSpec
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.core.tuf import Tuf, tuf_for_class
 from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.language.traces import approx_tokenize
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import TaskSpec
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.traces import approx_tokenize
-from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 
 def make_spec(task_id: str = 't0', profile: str = 'tello', task_class: str = 'normal',

@@ -16,8 +16,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from timelyllm_ros.admission import BATCH_MODES
+from timelyllm_ros.core.admission import BATCH_MODES
+from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.errors import run_command
+from timelyllm_ros.evaluation.tables import (
+    format_value,
+    metrics_matrix,
+    metrics_table,
+    summary_tables,
+    text_table,
+)
 from timelyllm_ros.safe_files import (
     WorkloadInputError,
     float_arg,
@@ -26,18 +34,10 @@ from timelyllm_ros.safe_files import (
     output_file,
     refusing_input,
 )
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.tables import (
-    format_value,
-    metrics_matrix,
-    metrics_table,
-    summary_tables,
-    text_table,
-)
 
 
 def _load_tasks(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from timelyllm_ros.workloads import resolve_workload
+    from timelyllm_ros.evaluation.workloads import resolve_workload
 
     name, tasks = resolve_workload(args.workload, seed=args.seed,
                                    workload_file=args.workload_file, composition=args.compose)
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """EngineOptions from --engine, --model, --engine-opt, --calibration, --no-prefix-cache."""
-    from timelyllm_ros.bench import EngineOptions
+    from timelyllm_ros.evaluation.bench import EngineOptions
 
     return EngineOptions(args.calibration, not args.no_prefix_cache, args.engine,
                          tuple(_engine_option_values(args).items()))
@@ -91,8 +91,8 @@ def _config(args: argparse.Namespace) -> SchedulerConfig:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from timelyllm_ros.bench import run_summary
-    from timelyllm_ros.simulation import simulate
+    from timelyllm_ros.evaluation.bench import run_summary
+    from timelyllm_ros.evaluation.simulation import simulate
 
     name, tasks = _load_tasks(args)
     engine = _engine_options(args)
@@ -120,8 +120,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.bench import COMPARED_METRICS, run_bench
-    from timelyllm_ros.plots import METRIC_LABELS
+    from timelyllm_ros.evaluation.bench import COMPARED_METRICS, run_bench
+    from timelyllm_ros.evaluation.plots import METRIC_LABELS
     from timelyllm_ros.policies import resolve_policy_names
 
     name, tasks = _load_tasks(args)
@@ -166,7 +166,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
-    from timelyllm_ros.bench import scheduling_overhead
+    from timelyllm_ros.evaluation.bench import scheduling_overhead
 
     result = {str(n): scheduling_overhead(n, repeats=args.repeats, policy=args.policy) * 1000.0
               for n in args.queued}
@@ -179,8 +179,8 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 
 
 def cmd_simspeed(args: argparse.Namespace) -> int:
+    from timelyllm_ros.evaluation.simulation import simulate
     from timelyllm_ros.policies import resolve_policy_names
-    from timelyllm_ros.simulation import simulate
 
     name, tasks = _load_tasks(args)
     simulate(tasks[: min(len(tasks), 20)], 'timelyllm')   # warm imports and caches
@@ -208,7 +208,7 @@ def _create_engine(args: argparse.Namespace) -> Engine:
 
 
 def cmd_plan_quality(args: argparse.Namespace) -> int:
-    from timelyllm_ros.plan_quality import (
+    from timelyllm_ros.evaluation.plan_quality import (
         QUALITY_KEYS,
         PlanOutcome,
         grammar_share,
@@ -216,8 +216,8 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
         run_plan_quality,
         summarize,
     )
-    from timelyllm_ros.tables import format_value, text_table
-    from timelyllm_ros.traces import load_trace_set
+    from timelyllm_ros.evaluation.tables import format_value, text_table
+    from timelyllm_ros.language.traces import load_trace_set
 
     if _replays_plans(args.engine):
         print('error: plan-quality needs a real engine (--engine cpu|transformers|vllm): the '
@@ -263,7 +263,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import shlex
 
-    from timelyllm_ros.calibrate import measure, write_calibration
+    from timelyllm_ros.evaluation.calibrate import measure, write_calibration
 
     engine = _create_engine(args)
     command = ''
@@ -307,7 +307,7 @@ _SEG_KEYS = ('overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical')
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.reproduce import PAPER_CALIBRATION, reproduce
+    from timelyllm_ros.evaluation.reproduce import PAPER_CALIBRATION, reproduce
 
     out = Path(args.out)
     real_engine = None
@@ -337,8 +337,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_validate_sim(args: argparse.Namespace) -> int:
+    from timelyllm_ros.evaluation.validate_sim import COMPARED, validate
     from timelyllm_ros.policies import resolve_policy_names
-    from timelyllm_ros.validate_sim import COMPARED, validate
 
     name, tasks = _load_tasks(args)
 
@@ -367,7 +367,7 @@ def cmd_validate_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_seg_overhead(args: argparse.Namespace) -> int:
-    from timelyllm_ros.seg_overhead import segmentation_overhead
+    from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 
     engine = _create_engine(args)
     trace_ids: list[int] = args.traces
@@ -397,7 +397,7 @@ def cmd_seg_overhead(args: argparse.Namespace) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from timelyllm_ros.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
+    from timelyllm_ros.evaluation.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
 
     for spec in BUILTIN_WORKLOADS.values():
         print(f'{spec.name:14} {spec.description} (EPS {spec.eps}, max TPE {spec.max_tpe}, '
@@ -417,7 +417,7 @@ TRACE_IDS = int_list_arg(0, 1_000_000)
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
-    from timelyllm_ros.workloads import workload_names
+    from timelyllm_ros.evaluation.workloads import workload_names
 
     parser.add_argument('--workload', default='wid1',
                         help=f'{"|".join(workload_names())} (default wid1)')

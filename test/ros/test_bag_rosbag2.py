@@ -19,8 +19,8 @@ from rosidl_runtime_py.utilities import get_message  # noqa: E402
 
 from lrtrace import format as fmt  # noqa: E402
 from lrtrace.recorder import TraceRecorder, record_simulation  # noqa: E402
-from timelyllm_ros.simulation import simulate  # noqa: E402
-from timelyllm_ros.workloads import resolve_workload  # noqa: E402
+from timelyllm_ros.evaluation.simulation import simulate  # noqa: E402
+from timelyllm_ros.evaluation.workloads import resolve_workload  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

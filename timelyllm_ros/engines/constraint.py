@@ -1,9 +1,9 @@
 """Grammar-constrained token choice, shared by the real engines.
 
 Each constrained generation owns a :class:`TokenGrammar`: the state of its plan grammar after
-the tokens it produced (:mod:`timelyllm_ros.grammar`). It lives with the generation's kept token
-ids, so a generation suspended at a segment boundary resumes exactly where its grammar was,
-inside an open ``{...}`` too; an engine that must rebuild it (vLLM resubmits a request per
+the tokens it produced (:mod:`timelyllm_ros.language.grammar`). It lives with the generation's
+kept token ids, so a generation suspended at a segment boundary resumes exactly where its grammar
+was, inside an open ``{...}`` too; an engine that must rebuild it (vLLM resubmits a request per
 segment) replays the kept ids into a fresh one with :meth:`TokenGrammar.replay`.
 
 Greedy decoding needs the full mask only when the model's own choice breaks the grammar:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import GoalError
-from timelyllm_ros.traces import TraceSet, approx_tokenize, load_trace_set
+from timelyllm_ros.language.traces import TraceSet, approx_tokenize, load_trace_set
 
 
 class ScriptSource(Protocol):

@@ -1,14 +1,15 @@
 """vLLM v1 behind the engine interface (the production engine on a GPU; optional dependency).
 
-One vLLM request per segment. The scheduler's :class:`~timelyllm_ros.segmenter.Segmenter` finds
-the segment boundary in the text pieces this engine returns and calls :meth:`VllmEngine.pause`,
-which aborts the vLLM request. The engine keeps the generation's token ids, and only those it
-has handed out: a token vLLM produced after the boundary (with asynchronous scheduling a stop can
-land a step late) is never returned, kept, dispatched or resubmitted. Resuming submits a new
-request whose prompt is the kept token ids (``TokensPrompt``); with prefix caching on (always,
-here) vLLM finds the request's full KV blocks in its cache and prefills only the last, partial
-block. How many prompt tokens vLLM served from its cache (``RequestOutput.num_cached_tokens``) is
-reported per step in ``StepResult.prefix_cached_tokens`` and summed in
+One vLLM request per segment. The scheduler's :class:`~timelyllm_ros.language.segmenter.Segmenter`
+finds the segment boundary in the text pieces this engine returns and calls
+:meth:`VllmEngine.pause`, which aborts the vLLM request. The engine keeps the generation's token
+ids, and only those it has handed out: a token vLLM produced after the boundary (with asynchronous
+scheduling a stop can land a step late) is never returned, kept, dispatched or resubmitted.
+Resuming submits a new request whose prompt is the kept token ids (``TokensPrompt``); with prefix
+caching on (always, here) vLLM finds the request's full KV blocks in its cache and prefills only
+the last, partial block. How many prompt tokens vLLM served from its cache
+(``RequestOutput.num_cached_tokens``) is reported per step in ``StepResult.prefix_cached_tokens``
+and summed in
 :attr:`VllmEngine.resume_stats`.
 
 Admission stays with our scheduler: the engine submits exactly the generations it is told to

@@ -35,7 +35,9 @@ from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.core.tuf import TUF_CLASSES
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
+from timelyllm_ros.language.profiles import available_profiles, load_profile
 from timelyllm_ros.msg import PlanResult, SegmentDone, SkillExecution, Task, TimeUtility
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
@@ -43,10 +45,8 @@ from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, SafeActionClie
 from timelyllm_ros.nodes.node_clock import NodeClock
 from timelyllm_ros.nodes.parameters import INT, STR, describe, refuse_outside_choices
 from timelyllm_ros.nodes.spin import spin_until_shutdown
-from timelyllm_ros.profiles import available_profiles, load_profile
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import BACKENDS, open_robot
-from timelyllm_ros.tuf import TUF_CLASSES
 
 _ENDED = (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED, GoalStatus.STATUS_ABORTED)
 

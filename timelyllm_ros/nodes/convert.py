@@ -12,23 +12,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from timelyllm_ros.errors import GoalError, TimelyError
-from timelyllm_ros.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
-from timelyllm_ros.goals import MAX_TASK_CHARS, check_text, check_urgency
-from timelyllm_ros.metrics import task_metrics
-from timelyllm_ros.plan import Statement
-from timelyllm_ros.profiles import RobotProfile, clip
-from timelyllm_ros.request import Generation, Segment, TaskStatus
-from timelyllm_ros.robots.backend import SkillRecord
-from timelyllm_ros.segmenter import segment_text
-from timelyllm_ros.service import PlanGoal
-from timelyllm_ros.task_record import (
+from timelyllm_ros.core.request import Generation, Segment, TaskStatus
+from timelyllm_ros.core.task_record import (
     STAMP_FIELDS,
     STAMP_LIST_FIELDS,
     UNSET_STAMP_SEC,
     task_record_fields,
 )
-from timelyllm_ros.tuf import Tuf
+from timelyllm_ros.core.tuf import Tuf
+from timelyllm_ros.errors import GoalError, TimelyError
+from timelyllm_ros.evaluation.metrics import task_metrics
+from timelyllm_ros.language.plan import Statement
+from timelyllm_ros.language.profiles import RobotProfile, clip
+from timelyllm_ros.language.segmenter import segment_text
+from timelyllm_ros.live.goals import MAX_ROBOT_ID_CHARS as MAX_ID_CHARS
+from timelyllm_ros.live.goals import MAX_TASK_CHARS, check_text, check_urgency
+from timelyllm_ros.live.service import PlanGoal
+from timelyllm_ros.robots.backend import SkillRecord
 
 
 def stamp(seconds: float, time_cls: type) -> Any:
@@ -56,7 +56,7 @@ def tuf_to_msg(tuf: Tuf, cls: type) -> Any:
 def goal_from_msg(goal: Any) -> PlanGoal:
     """PlanTask goal → PlanGoal: the fields as received (the robot kind and urgency stripped,
     an empty urgency the default class), not yet checked: the planner's service checks every
-    goal (:func:`timelyllm_ros.goals.validate_goal`).
+    goal (:func:`timelyllm_ros.live.goals.validate_goal`).
 
     Raises:
         GoalError: a message that cannot be read at all (TufError: an invalid TUF).
@@ -98,7 +98,7 @@ def segment_to_msg(generation: Generation, segment: Segment, origin_s: float, cl
 
 def is_plan_end(msg: Any) -> bool:
     """Whether a Segment message is the marker closing a plan whose last segment was sent
-    before its generation ended (:func:`timelyllm_ros.service.closing_segment`)."""
+    before its generation ended (:func:`timelyllm_ros.live.service.closing_segment`)."""
     return bool(msg.is_last) and not msg.text and not list(msg.skills)
 
 

@@ -1,4 +1,4 @@
-"""A node's ROS clock as a core :class:`~timelyllm_ros.clock.Clock` (no rclpy import).
+"""A node's ROS clock as a core :class:`~timelyllm_ros.core.clock.Clock` (no rclpy import).
 
 Stamps the nodes publish, and the planner's scheduling times, are then ROS time: system time
 by default, the ``/clock`` topic's time under ``use_sim_time``.

@@ -30,6 +30,7 @@ from rclpy.qos import qos_profile_sensor_data
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.engines import ENGINES, parse_engine_options
 from timelyllm_ros.errors import TimelyError
+from timelyllm_ros.live.service import PlannerService
 from timelyllm_ros.msg import (
     PlanRejection,
     SchedulerState,
@@ -50,7 +51,6 @@ from timelyllm_ros.nodes.parameters import (
     refuse_outside_choices,
 )
 from timelyllm_ros.nodes.spin import spin_until_shutdown
-from timelyllm_ros.service import PlannerService
 
 
 class PlannerNode(LifecycleNode):

@@ -82,12 +82,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from timelyllm_ros.admission import AdmissionContext
+from timelyllm_ros.core.admission import AdmissionContext
+from timelyllm_ros.core.request import Generation, TaskStatus
 from timelyllm_ros.engines.base import StepResult
 from timelyllm_ros.policies.base import Eviction
 from timelyllm_ros.policies.planned import PlannedBatchPolicy
 from timelyllm_ros.policies.semantic import KvBudget
-from timelyllm_ros.request import Generation, TaskStatus
 
 ProgramId = Literal['robot', 'task']
 Mode = Literal['plas', 'atlas']

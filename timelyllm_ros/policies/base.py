@@ -30,10 +30,10 @@ from typing import ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.core.admission import AdmissionContext, fits
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import StepResult
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation
 
 Eviction = Literal['keep', 'host', 'none']   # KV stays resident / swapped to host / dropped
 

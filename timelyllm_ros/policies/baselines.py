@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.queue import QueueView
 
 
 class VllmPolicy(Policy):

@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.core.admission import AdmissionContext, fits
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import StepResult
 from timelyllm_ros.policies.base import Eviction, Policy
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation
 
 PLANNED_PRIORITY = 1e12        # priority of the first planned admission; unplanned rank below
 

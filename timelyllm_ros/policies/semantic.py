@@ -6,12 +6,12 @@ keep-or-recompute rule (Alg. 4). Implemented from the paper and ``../shared/pape
 rivals-digest.md`` §1, mapped onto this package's scheduler loop:
 
 * **Keys.** Each generation gets the lexicographic key ``(f_e, f_t)``, smallest first:
-  ``f_e`` from a pluggable :class:`~timelyllm_ros.predictors.UrgencyClassifier` (default: the
-  request's TUF class, :class:`~timelyllm_ros.predictors.TufClassUrgency`: urgent 0,
+  ``f_e`` from a pluggable :class:`~timelyllm_ros.core.predictors.UrgencyClassifier` (default: the
+  request's TUF class, :class:`~timelyllm_ros.core.predictors.TufClassUrgency`: urgent 0,
   normal/arm 1, chatbot 2); ``f_t`` = the predicted remaining computation time of the *whole
   request*: ``engine.run_cost_s`` (its pending prefill, re-prefill or swap-in, i.e. the
   authors' code's "pending KV reload time") + ``max(N̂ − tokens so far, 1) · t_tok``, with N̂
-  from a pluggable :class:`~timelyllm_ros.predictors.LengthPredictor` (default: the bucket
+  from a pluggable :class:`~timelyllm_ros.core.predictors.LengthPredictor` (default: the bucket
   predictor fitted on the bundled LRTrace traces) and ``t_tok`` one decode step of a lone
   request from the engine's latency model (``engine.decode_step_s(1)``, read once: the
   paper's simulator charges nothing for batch size, so the key is a per-request time).
@@ -87,17 +87,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from timelyllm_ros.admission import AdmissionContext
-from timelyllm_ros.engines.base import CostModel, EngineView, EvictTo, KvAccounting, StepResult
-from timelyllm_ros.policies.base import Eviction
-from timelyllm_ros.policies.planned import PlannedBatchPolicy
-from timelyllm_ros.predictors import (
+from timelyllm_ros.core.admission import AdmissionContext
+from timelyllm_ros.core.predictors import (
     LengthPredictor,
     TufClassUrgency,
     UrgencyClassifier,
     bundled_length_predictor,
 )
-from timelyllm_ros.request import Generation, TaskStatus
+from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.engines.base import CostModel, EngineView, EvictTo, KvAccounting, StepResult
+from timelyllm_ros.policies.base import Eviction
+from timelyllm_ros.policies.planned import PlannedBatchPolicy
 
 Key = tuple[int, float, int]            # (f_e, f_t s, seq): smaller runs sooner
 QUEUED = (TaskStatus.WAITING, TaskStatus.SUSPENDED)

@@ -41,7 +41,7 @@ Mapping onto this package, and the constants chosen (all constructor parameters)
   TUF's zero-utility time ``ERT − β/α`` after arrival (a response later than that is worthless),
   and their required rate is ``v = ⌈N̂ / (deadline − TTFT)⌉`` (the digest's conversion; the paper
   gives none), with ``N̂`` the whole plan's predicted output tokens from the shared length
-  predictor (:mod:`timelyllm_ros.predictors`, fitted on the bundled traces) and ``TTFT`` =
+  predictor (:mod:`timelyllm_ros.core.predictors`, fitted on the bundled traces) and ``TTFT`` =
   time already waited + the engine's prefill estimate when the task is first planned. The rate
   is fixed then (SLICE's SLOs are static per task).
 * **Non-real-time (NRT) tasks**: ``U = β`` and an explicit TPOT per task class, ``tpot_s``:
@@ -81,12 +81,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.core.admission import AdmissionContext, fits
+from timelyllm_ros.core.predictors import LengthPredictor, bundled_length_predictor
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import StepResult
 from timelyllm_ros.policies.base import Eviction, Policy
-from timelyllm_ros.predictors import LengthPredictor, bundled_length_predictor
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation
 
 SLICE_CODE_STEP_TABLE_MS = (14, 27, 38, 50, 60, 72, 83, 125, 126, 123, 124, 125, 126, 123, 124)
 """l(b) for b = 1…15 in ms, hard-coded in the authors' FastLLM integration (ChatGLM2-6B-INT4 on an

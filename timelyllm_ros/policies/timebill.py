@@ -5,7 +5,7 @@ ratio α that fits the time budget, and apply an overrun strategy (Kill or Skip-
 The algorithm, as this module implements it (paper §3–§5, rivals digest §3):
 
 * **Response-length predictor (RLP)**: ``N̂`` = the shared bucketed predictor of
-  :mod:`timelyllm_ros.predictors` (TimeBill's eq. 2: bucket label ``⌈N/B⌉``, reported as the
+  :mod:`timelyllm_ros.core.predictors` (TimeBill's eq. 2: bucket label ``⌈N/B⌉``, reported as the
   bucket's upper edge, B = 16), fitted on the bundled LRTrace traces (the paper distils a
   0.5B model from the target LLM; no model can be trained or downloaded here). The pessimistic
   length is ``N̂_W = min(⌈k·N̂⌉, N_max)`` with ``k = 5`` (the paper's default) and ``N_max`` the
@@ -70,14 +70,14 @@ from typing import ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.admission import AdmissionContext, fits
+from timelyllm_ros.core.admission import AdmissionContext, fits
+from timelyllm_ros.core.predictors import LengthPredictor, bundled_length_predictor
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation, TaskSpec
 from timelyllm_ros.engines.base import EngineView
 from timelyllm_ros.errors import ProfileError
+from timelyllm_ros.language.profiles import load_profile
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.predictors import LengthPredictor, bundled_length_predictor
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation, TaskSpec
 
 Overrun = Literal['kill', 'skip-next']
 Order = Literal['fcfs', 'edf']

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.admission import AdmissionContext, LostSlopes, fits, latency_guided
+from timelyllm_ros.core.admission import AdmissionContext, LostSlopes, fits, latency_guided
+from timelyllm_ros.core.priority import artifact_priority, pud_priority
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation
 from timelyllm_ros.policies.base import Policy
-from timelyllm_ros.priority import artifact_priority, pud_priority
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation
 
 
 def lost_slopes(queue: QueueView, now: float, rows: int | None = None) -> LostSlopes:
@@ -31,7 +31,7 @@ def lost_slopes(queue: QueueView, now: float, rows: int | None = None) -> LostSl
 
 
 class TimelyLlmPolicy(Policy):
-    """Eq. 4 as the paper states it (L defined in :mod:`timelyllm_ros.priority`) + §4.4."""
+    """Eq. 4 as the paper states it (L defined in :mod:`timelyllm_ros.core.priority`) + §4.4."""
 
     name = 'timelyllm'
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'

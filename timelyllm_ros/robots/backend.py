@@ -13,11 +13,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from timelyllm_ros.clock import Clock, SimClock
+from timelyllm_ros.core.clock import Clock, SimClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.validation import call_problem
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.validation import call_problem
 
 
 def wait_on(clock: Clock, seconds: float) -> None:

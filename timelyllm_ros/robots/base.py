@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from timelyllm_ros.request import Segment
+from timelyllm_ros.core.request import Segment
 
 
 @dataclass(frozen=True, slots=True)

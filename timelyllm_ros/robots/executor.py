@@ -21,8 +21,8 @@ exception from the backend (a vendor client's ``ValueError``, a dead socket) bec
 skill record and a failed segment naming the call and the reason.
 
 Before anything is sent, every statement is re-checked against the robot's profile
-(:func:`~timelyllm_ros.validation.statement_problem`: finite arguments within the limits, loop
-counts, nesting depth, conditions from query skills), whatever built it.
+(:func:`~timelyllm_ros.language.validation.statement_problem`: finite arguments within the limits,
+loop counts, nesting depth, conditions from query skills), whatever built it.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyllm_ros.clock import Clock
+from timelyllm_ros.core.clock import Clock
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.errors import RobotError, describe_error
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.request import Segment
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.validation import statement_problem
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.base import Execution
-from timelyllm_ros.validation import statement_problem
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +154,8 @@ class SkillExecutor:
 
         Raises:
             RobotError: A malformed statement, a statement the profile does not allow (see
-                :func:`~timelyllm_ros.validation.statement_problem`), an unsupported skill or
-                an argument the backend refuses; the message names the call. Any exception
+                :func:`~timelyllm_ros.language.validation.statement_problem`), an unsupported
+                skill or an argument the backend refuses; the message names the call. Any exception
                 of the backend's check is reported as a RobotError.
         """
         profile = self.backend.profile

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from timelyllm_ros.clock import Clock
+from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.kind import Robot, RobotOptions, kind_of
 
 __all__ = ['BACKENDS', 'Robot', 'RobotOptions', 'open_robot']

@@ -50,8 +50,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
 
 DEFAULT_ROBOT_IP = '127.0.0.1'

@@ -31,14 +31,16 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
-from timelyllm_ros.clock import Clock, WallClock
+from timelyllm_ros.core.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
 from timelyllm_ros.robots.rig import Rig, Step, profile_calls
+
+BackendT = TypeVar('BackendT', bound=RobotBackend)
 
 VENDOR_BACKENDS = ('emulator', 'real')
 """The backends a kind may open (``sim`` is generic: every profile has it)."""
@@ -204,6 +206,23 @@ _KINDS: dict[str, RobotKind] = {}
 _BUNDLED = 'timelyllm_ros.robots.kinds'
 _bundled_loaded = False
 _LOADING = threading.RLock()
+
+
+def connect_to_emulator(build: Callable[[], BackendT], stop_emulator: Callable[[], object],
+                        name: str) -> BackendT:
+    """Build a backend for a started emulator and connect it; if that fails the emulator is
+    stopped, so nothing is left running (a ValueError of the backend becomes a RobotError
+    naming the kind)."""
+    try:
+        backend = build()
+        backend.connect()
+    except ValueError as err:
+        stop_emulator()
+        raise RobotError(f'{name}: {err}') from None
+    except BaseException:
+        stop_emulator()
+        raise
+    return backend
 
 
 def register_kind(kind: RobotKind) -> RobotKind:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from timelyllm_ros.clock import Clock
+from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.profiles import RobotProfile, Skill
+from timelyllm_ros.language.profiles import RobotProfile, Skill
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 
 

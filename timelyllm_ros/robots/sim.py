@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from timelyllm_ros.execution import MeasuredTimes, simulate_s
-from timelyllm_ros.profiles import RobotProfile
-from timelyllm_ros.request import Segment
+from timelyllm_ros.core.request import Segment
+from timelyllm_ros.language.execution import MeasuredTimes, simulate_s
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.base import Execution
 
 

@@ -3,7 +3,7 @@
 :class:`SimulatedBackend` implements :class:`~timelyllm_ros.robots.backend.RobotBackend` for any
 profile without hardware. Each call takes the profile's execution-time model (a draw from
 ``sample_s``, so sampled skills vary and constant / parametric ones are exact) times optional
-multiplicative jitter; on a :class:`~timelyllm_ros.clock.SimClock` that time is elapsed
+multiplicative jitter; on a :class:`~timelyllm_ros.core.clock.SimClock` that time is elapsed
 virtually, on any other clock the backend sleeps. Perception skills answer from a
 ``perception`` table (by default everything is visible and numeric queries give 0.5), and
 failures can be injected per skill or at random. It backs the executor tests and dry runs of
@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from timelyllm_ros.clock import Clock
+from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend, wait_on
 
 logger = logging.getLogger(__name__)

@@ -71,10 +71,10 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from timelyllm_ros.clock import Clock, WallClock
+from timelyllm_ros.core.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.plan import SkillCall
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.plan import SkillCall
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend, wait_on
 
 logger = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.profiles import RobotProfile, load_profile_name_or_file
+from timelyllm_ros.language.profiles import RobotProfile, load_profile_name_or_file
 
 JOINT_LIMIT_DEG = 175.0
 """Indy7 datasheet joint range, +- degrees."""

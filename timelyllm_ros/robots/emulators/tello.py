@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Sequence
 from types import FrameType
 
-from timelyllm_ros.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
 
 logger = logging.getLogger(__name__)
 

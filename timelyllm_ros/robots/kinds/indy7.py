@@ -21,12 +21,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from timelyllm_ros.clock import Clock, WallClock
+from timelyllm_ros.core.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.robots.backend import RobotBackend
 from timelyllm_ros.robots.factory import open_robot
-from timelyllm_ros.robots.kind import Robot, RobotKind, RobotOptions, register_kind
+from timelyllm_ros.robots.kind import (
+    Robot,
+    RobotKind,
+    RobotOptions,
+    connect_to_emulator,
+    register_kind,
+)
 from timelyllm_ros.robots.rig import Rig, Step, call_text, skill_grid
 
 if TYPE_CHECKING:
@@ -79,17 +85,11 @@ class Indy7Kind(RobotKind):
                                      time_scale=options.time_scale).start()
         except (OSError, ImportError, ValueError) as err:
             raise RobotError(f'cannot start the Indy7 emulator: {err}') from None
-        try:
-            arm = Indy7Backend(profile, host=emulator.host, port=emulator.port,
-                               poses=options.poses, derive_unknown_poses=options.poses is None,
-                               **tuning)
-            arm.connect()
-        except ValueError as err:
-            emulator.stop()
-            raise RobotError(f'indy7: {err}') from None
-        except BaseException:
-            emulator.stop()
-            raise
+        arm = connect_to_emulator(
+            lambda: Indy7Backend(profile, host=emulator.host, port=emulator.port,
+                                 poses=options.poses,
+                                 derive_unknown_poses=options.poses is None, **tuning),
+            emulator.stop, 'indy7')
         description = (f'Indy7Emulator on {emulator.address} driven through IndyDCP3 by '
                        f'Indy7Backend; emulated timing = profile {profile.name} models x '
                        f'time_scale {options.time_scale:g}; not hardware')

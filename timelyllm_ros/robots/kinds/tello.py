@@ -28,14 +28,20 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from timelyllm_ros.clock import Clock, WallClock
+from timelyllm_ros.core.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.robots.backend import RobotBackend, SkillRecord
 from timelyllm_ros.robots.factory import open_robot
-from timelyllm_ros.robots.kind import Robot, RobotKind, RobotOptions, register_kind
+from timelyllm_ros.robots.kind import (
+    Robot,
+    RobotKind,
+    RobotOptions,
+    connect_to_emulator,
+    register_kind,
+)
 from timelyllm_ros.robots.rig import Rig, Step, call_text, skill_grid
-from timelyllm_ros.segmenter import segment_text
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +105,10 @@ class TelloKind(RobotKind):
                                      time_scale=options.time_scale, **battery).start()
         except (OSError, ValueError) as err:
             raise RobotError(f'cannot start the Tello emulator on {host}: {err}') from None
-        try:
-            drone = TelloBackend(profile, host=emulator.address[0], control_port=emulator.port,
-                                 state_port=state_port, clock=clock, **timeout)
-            drone.connect()
-        except ValueError as err:
-            emulator.stop()
-            raise RobotError(f'tello: {err}') from None
-        except BaseException:
-            emulator.stop()
-            raise
+        drone = connect_to_emulator(
+            lambda: TelloBackend(profile, host=emulator.address[0], control_port=emulator.port,
+                                 state_port=state_port, clock=clock, **timeout),
+            emulator.stop, 'tello')
         description = (f'TelloEmulator on {host}:{emulator.port} driven through djitellopy by '
                        f'TelloBackend; emulated timing = profile {profile.name} models x '
                        f'time_scale {options.time_scale:g}; not hardware')

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from timelyllm_ros.request import Generation, TaskStatus
+from timelyllm_ros.core.request import Generation, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from timelyllm_ros.core.request import TaskSpec
 from timelyllm_ros.engines.base import EngineRequest
-from timelyllm_ros.grammar import plan_grammar
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.language.grammar import plan_grammar
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
 
 REPETITION_PENALTY = 1.1
 """Greedy decoding of plans lowers the logits of tokens already written by this factor: small

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from timelyllm_ros.queue import Column
+from timelyllm_ros.core.queue import Column
 
 
 def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:

@@ -16,7 +16,7 @@ tick's :class:`Decision`, as vLLM's scheduler returns a ``SchedulerOutput``), th
 
 Robots report each segment's real start/end through :meth:`Scheduler.report_segment`, which
 replaces the estimate of when the next segment is needed. The scheduler is clock-agnostic:
-the same loop runs on a :class:`~timelyllm_ros.clock.SimClock` (simulation) or a wall clock.
+the same loop runs on a :class:`~timelyllm_ros.core.clock.SimClock` (simulation) or a wall clock.
 """
 
 from __future__ import annotations
@@ -30,8 +30,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from timelyllm_ros.admission import BATCH_MODES, AdmissionContext, BatchMode
-from timelyllm_ros.clock import Clock
+from timelyllm_ros.core.admission import BATCH_MODES, AdmissionContext, BatchMode
+from timelyllm_ros.core.clock import Clock
+from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
+from timelyllm_ros.core.plan_requests import ProfileCache, task_request
+from timelyllm_ros.core.queue import GenerationQueue
+from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
 from timelyllm_ros.engines.base import Engine, EngineView, StepResult
 from timelyllm_ros.errors import (
     ConfigError,
@@ -40,15 +44,11 @@ from timelyllm_ros.errors import (
     ProfileError,
     describe_error,
 )
-from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
-from timelyllm_ros.execution import estimate_max_s, estimate_min_s
-from timelyllm_ros.plan import Statement
-from timelyllm_ros.plan_requests import ProfileCache, task_request
+from timelyllm_ros.language.execution import estimate_max_s, estimate_min_s
+from timelyllm_ros.language.plan import Statement
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import Cut, Segmenter
 from timelyllm_ros.policies.base import Eviction, Policy
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.queue import GenerationQueue
-from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
-from timelyllm_ros.segmenter import Cut, Segmenter
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class TickResult:
 
     duration_s: float = 0.0                                        # engine iteration time (s)
     batch_size: int = 0                                            # generations in it
-    events: list[SchedulerEvent] = field(default_factory=list)     # see timelyllm_ros.events
+    events: list[SchedulerEvent] = field(default_factory=list)     # see timelyllm_ros.core.events
     decision: Decision | None = None                               # what the tick decided
 
     @property
@@ -164,7 +164,7 @@ class Scheduler:
         profiles: Callable[[str], RobotProfile] = load_profile,
     ) -> None:
         """``profiles`` loads a robot profile by name (each is asked once: a
-        :class:`~timelyllm_ros.plan_requests.ProfileCache` is used as it is)."""
+        :class:`~timelyllm_ros.core.plan_requests.ProfileCache` is used as it is)."""
         self.policy = policy
         self.engine = engine
         self.engine_view = EngineView(engine)   # all that policies see of the engine
@@ -307,7 +307,7 @@ class Scheduler:
         A segment's deadline runs from when its robot could start it (dispatch + network,
         or the previous segment's reported end) for ``report_timeout_factor`` times its
         longest execution estimate plus ``report_timeout_margin_s``. Returns the goals ended
-        (each is also an :class:`~timelyllm_ros.events.Ended` event).
+        (each is also an :class:`~timelyllm_ros.core.events.Ended` event).
         """
         ended: list[Generation] = []
         now = self.clock.now()
@@ -325,7 +325,7 @@ class Scheduler:
 
     def fail_all(self, reason: str) -> list[Generation]:
         """End every goal that has not ended (the service gives up); returns them (each is
-        also an :class:`~timelyllm_ros.events.Ended` event)."""
+        also an :class:`~timelyllm_ros.core.events.Ended` event)."""
         ended = [g for g in self.generations.values() if not g.status.terminal]
         for generation in ended:
             self._end(generation, TaskStatus.FAILED, reason)
@@ -406,7 +406,7 @@ class Scheduler:
         """Refresh priorities, then admit the best queued generations while allowed.
 
         A candidate the engine fails to start (any exception) or that cannot fit even in an
-        idle engine ends as FAILED (an :class:`~timelyllm_ros.events.Ended` event); the
+        idle engine ends as FAILED (an :class:`~timelyllm_ros.core.events.Ended` event); the
         scheduler changes its state only once the engine accepted the generation.
         """
         admitted: list[Generation] = []

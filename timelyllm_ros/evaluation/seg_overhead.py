@@ -2,9 +2,9 @@
 
 For each trace the same prompt (the trace's task in its robot profile's prompt) is generated
 greedily twice on one engine: once without segmentation and once cut at every segment boundary
-(the robot profile's segment pattern, :class:`~timelyllm_ros.segmenter.Segmenter`): at each cut
-the generation is paused and resumed at once, as if its robot needed the next segment right
-away. The overhead is the extra engine time of the segmented run; ``prefix_reuse`` is the
+(the robot profile's segment pattern, :class:`~timelyllm_ros.language.segmenter.Segmenter`): at
+each cut the generation is paused and resumed at once, as if its robot needed the next segment
+right away. The overhead is the extra engine time of the segmented run; ``prefix_reuse`` is the
 fraction of the resumed generations' kept tokens that the engine served from kept KV state
 instead of recomputing them (``StepResult.prefix_cached_tokens`` against
 ``StepResult.prefill_tokens`` of the iteration after each resume); ``identical`` says whether
@@ -28,8 +28,8 @@ from typing import Literal
 
 from timelyllm_ros.engines.base import Engine, EngineRequest
 from timelyllm_ros.errors import EngineError
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.segmenter import Segmenter
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import Segmenter
 
 PromptCache = Literal['warm', 'cold']
 
@@ -108,7 +108,7 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
 def trace_request(trace, request_id: str, profile: RobotProfile,  # type: ignore[no-untyped-def]
                   max_tokens: int | None = None) -> EngineRequest:
     """The engine request of a trace: its task in its robot's prompt, its plan as script."""
-    from timelyllm_ros.traces import approx_tokenize
+    from timelyllm_ros.language.traces import approx_tokenize
 
     task_tokens = min(len(approx_tokenize(trace.task)) + 4, trace.prompt_tokens)
     return EngineRequest(
@@ -141,7 +141,7 @@ def segmentation_overhead(
         WorkloadError: unknown trace id.
         EngineError: the engine failed.
     """
-    from timelyllm_ros.traces import load_trace_set
+    from timelyllm_ros.language.traces import load_trace_set
 
     traces = load_trace_set()
     results: dict[str, dict[str, object]] = {}

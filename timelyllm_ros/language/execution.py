@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import RobotProfile
 
 
 def _condition(statement: Statement) -> SkillCall | None:

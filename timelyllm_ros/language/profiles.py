@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from timelyllm_ros.errors import ProfileError
-from timelyllm_ros.exec_time import ExecTimeModel
+from timelyllm_ros.language.exec_time import ExecTimeModel
 from timelyllm_ros.safe_files import Limits, ProfileInputError, load_yaml
 
 
@@ -32,7 +32,7 @@ def _bundled_profiles_dir() -> Path:
     override = os.environ.get('TIMELYLLM_PROFILES_DIR')
     if override:
         return Path(override)
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]   # the timelyllm_ros package
     candidates = [here.parent / 'robot_profiles',
                   Path(sys.prefix) / 'share' / 'timelyllm_ros' / 'robot_profiles']
     candidates += [parent / 'share' / 'timelyllm_ros' / 'robot_profiles'

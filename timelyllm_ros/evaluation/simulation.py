@@ -1,6 +1,6 @@
 """A whole simulated fleet: workload arrivals, the scheduler over an engine, simulated robots.
 
-Discrete-event on a :class:`~timelyllm_ros.clock.SimClock`: between engine iterations the
+Discrete-event on a :class:`~timelyllm_ros.core.clock.SimClock`: between engine iterations the
 simulation delivers due arrivals and robot reports (``SegmentDone``, which reaches the server
 ``comm_s`` after the segment ends); a segment dispatched at t reaches its robot at t + comm_s.
 Each task is executed by its own simulated robot, as in the paper's evaluation.
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import Generation, TaskSpec
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig, TickResult
 from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.errors import GoalError
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import Generation, TaskSpec
 from timelyllm_ros.robots.sim import SimulatedRobot
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig, TickResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ validated at once in the caller's thread (:meth:`PlannerService.submit` raises
 through an inbox, so callers never wait for an engine iteration. The loop thread owns the
 scheduler: it drains the inbox (new goals, cancels, robot reports), ticks, and calls each
 goal's listener with every segment the moment it is cut and once when the goal ends: both
-come from the scheduler's one event stream (:mod:`timelyllm_ros.events`), drained after every
+come from the scheduler's one event stream (:mod:`timelyllm_ros.core.events`), drained after every
 iteration, whatever ended the goal.
 
 With an engine that replays recorded plans (the simulator: ``scripted_plans``), the engine
@@ -24,7 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from timelyllm_ros.clock import Clock, WallClock
+from timelyllm_ros.core.clock import Clock, WallClock
+from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
+from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines import Engine, create_engine, engine_class
 from timelyllm_ros.engines.base import PlanScript
 from timelyllm_ros.errors import (
@@ -34,13 +37,10 @@ from timelyllm_ros.errors import (
     TimelyError,
     describe_error,
 )
-from timelyllm_ros.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
-from timelyllm_ros.goals import PlanGoal, validate_goal
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.live.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Generation, Segment, TaskSpec, TaskStatus
 from timelyllm_ros.robots.kind import kind_of
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -2,12 +2,12 @@
 
 The same tasks run twice per policy: on the real engine (simulated robots, the clock advanced
 by the engine's measured iteration times, as ``timelyllm bench --engine …`` does) and on the
-simulator calibrated from that very engine a moment before (:func:`timelyllm_ros.calibrate.
-measure`). So that both runs plan the same thing, the simulator's twin of each task replays
-what the real engine produced, iteration by iteration, over a prompt of the real engine's
-token count. Per policy the result holds the per-task response, waiting and completion times
-of both runs, their median absolute relative error, and each run's bench summary; and
-whether the policies rank the same (by mean utility) on both.
+simulator calibrated from that very engine a moment before
+(:func:`timelyllm_ros.evaluation.calibrate. measure`). So that both runs plan the same thing, the
+simulator's twin of each task replays what the real engine produced, iteration by iteration, over
+a prompt of the real engine's token count. Per policy the result holds the per-task response,
+waiting and completion times of both runs, their median absolute relative error, and each run's
+bench summary; and whether the policies rank the same (by mean utility) on both.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from timelyllm_ros.bench import EngineOptions, run_summary
-from timelyllm_ros.calibrate import measure
+from timelyllm_ros.core.request import Generation, TaskSpec
+from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import Calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.metrics import task_metrics
-from timelyllm_ros.profiles import load_profile
-from timelyllm_ros.request import Generation, TaskSpec
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.simulation import simulate
+from timelyllm_ros.evaluation.bench import EngineOptions, run_summary
+from timelyllm_ros.evaluation.calibrate import measure
+from timelyllm_ros.evaluation.metrics import task_metrics
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.language.profiles import load_profile
 
 COMPARED = ('response', 'waiting', 'completion')
 """Per-task times compared (``TaskMetrics`` fields ``<name>_time_s``)."""

@@ -19,14 +19,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.bench import EngineOptions, run_bench, scheduling_overhead
+from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.plots import grouped_bars
-from timelyllm_ros.scheduler import SchedulerConfig
-from timelyllm_ros.seg_overhead import segmentation_overhead
-from timelyllm_ros.workloads import resolve_workload
+from timelyllm_ros.evaluation.bench import EngineOptions, run_bench, scheduling_overhead
+from timelyllm_ros.evaluation.plots import grouped_bars
+from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
+from timelyllm_ros.evaluation.workloads import resolve_workload
 
 PAPER_CALIBRATION = 'llama3-8b-fp16_rtx4090_vllm054'
 

@@ -2,9 +2,9 @@
 
 The language is TypeFly MiniSpec-like: a simple statement ``short(args)``, a conditional
 ``?COND{BODY}`` and a loop ``N{BODY}``. :func:`parse_statement` turns the text of one
-statement the segmenter found complete into a :class:`~timelyllm_ros.plan.Statement`, checked
-against the robot's profile as it parses (known skill, argument count, typed, finite arguments
-within the robot's limits, a condition that calls a query skill, loop counts up to
+statement the segmenter found complete into a :class:`~timelyllm_ros.language.plan.Statement`,
+checked against the robot's profile as it parses (known skill, argument count, typed, finite
+arguments within the robot's limits, a condition that calls a query skill, loop counts up to
 ``max_loop_count``, nesting up to ``max_nesting_depth``, number literals up to
 ``MAX_NUMBER_CHARS`` characters). Malformed text gives a statement with its ``error`` set;
 nothing a model writes makes it raise: the depth is checked before the parser descends.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.profiles import MAX_NUMBER_CHARS, RobotProfile, clip
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import MAX_NUMBER_CHARS, RobotProfile, clip
 
 _IDENT = re.compile(r'[A-Za-z_]\w*')
 _WS = re.compile(r'\s*')

@@ -6,7 +6,7 @@ translation only reads fields): it either returns the goal or raises
 :class:`~timelyllm_ros.errors.GoalError` with a short reason that names the field and never
 echoes file contents or long input back. The field rules (:func:`check_text`,
 :func:`check_urgency`, :func:`check_tuf_bounds`) also serve the robots' task topic. A
-:class:`~timelyllm_ros.tuf.Tuf` checks its own invariant (finite, β > 0, α ≤ 0) when built.
+:class:`~timelyllm_ros.core.tuf.Tuf` checks its own invariant (finite, β > 0, α ≤ 0) when built.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from timelyllm_ros.core.tuf import TUF_CLASSES, Tuf
 from timelyllm_ros.errors import GoalError, ProfileError, TufError
-from timelyllm_ros.profiles import check_profile_name, clip
-from timelyllm_ros.tuf import TUF_CLASSES, Tuf
+from timelyllm_ros.language.profiles import check_profile_name, clip
 
 MAX_TASK_CHARS = 4096
 MAX_ROBOT_ID_CHARS = 128

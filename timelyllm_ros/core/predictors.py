@@ -21,7 +21,7 @@ Two seams, each a :class:`~typing.Protocol` so that any object with the one meth
   the stand-in for the paper's DistilBERT classifier, which cannot be downloaded here.
 
 Training inputs are task specs with a ``script`` (its length = ``len(script)``), traces or
-a trace set (:mod:`timelyllm_ros.traces`); :func:`bundled_length_predictor` is the bucket
+a trace set (:mod:`timelyllm_ros.language.traces`); :func:`bundled_length_predictor` is the bucket
 predictor fitted once on the bundled trace set (TimeBill, SLICE and Semantic Scheduling use it
 by default).
 """
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
-from timelyllm_ros.request import TaskSpec
-from timelyllm_ros.traces import Trace, TraceSet, load_trace_set
-from timelyllm_ros.tuf import TUF_CLASSES, Tuf
+from timelyllm_ros.core.request import TaskSpec
+from timelyllm_ros.core.tuf import TUF_CLASSES, Tuf
+from timelyllm_ros.language.traces import Trace, TraceSet, load_trace_set
 
 __all__ = [
     'BucketLengthPredictor',

@@ -34,9 +34,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from timelyllm_ros.core.queue import QueueView
+from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import EngineView
-from timelyllm_ros.queue import QueueView
-from timelyllm_ros.request import Generation
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
 
@@ -86,7 +86,7 @@ def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> floa
     """Time left before the segment being generated can earn no utility any more.
 
     The zero-utility time of the governing TUF (TUF₀ for k = 0, TUF₁ with ERT 0 for k ≥ 1,
-    :mod:`timelyllm_ros.tuf`), counted from when the robot needs the segment, less the time to
+    :mod:`timelyllm_ros.core.tuf`), counted from when the robot needs the segment, less the time to
     reach the robot: ``need + zero − now − comm`` (``inf`` for a flat TUF).
     """
     tuf = generation.spec.tuf

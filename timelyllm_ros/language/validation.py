@@ -7,8 +7,8 @@ robot backend or the executor runs them.
 
 from __future__ import annotations
 
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.profiles import RobotProfile, clip
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import RobotProfile, clip
 
 
 def call_problem(profile: RobotProfile, call: SkillCall) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.request import Generation
+from timelyllm_ros.core.request import Generation
 
 _COLUMNS = ('arrival', 'ref_time', 'ert', 'ert0', 'beta', 'alpha', 'g', 'seq', 'first')
 

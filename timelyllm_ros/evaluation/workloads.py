@@ -22,9 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+from timelyllm_ros.core.request import TaskSpec
+from timelyllm_ros.core.tuf import Tuf, tuf_for_class
 from timelyllm_ros.errors import ProfileError, TufError, WorkloadError
-from timelyllm_ros.profiles import check_profile_name, load_profile
-from timelyllm_ros.request import TaskSpec
+from timelyllm_ros.language.profiles import check_profile_name, load_profile
+from timelyllm_ros.language.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
 from timelyllm_ros.safe_files import (
     DATA_FILE,
     YAML_FILE,
@@ -33,8 +35,6 @@ from timelyllm_ros.safe_files import (
     load_yaml,
     validation_problems,
 )
-from timelyllm_ros.traces import DATA_DIR, TraceSet, approx_tokenize, load_trace_set
-from timelyllm_ros.tuf import Tuf, tuf_for_class
 
 AUTHORS_DIR = DATA_DIR / 'authors'
 AUTHORS_WORKLOADS = {

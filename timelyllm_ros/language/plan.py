@@ -1,8 +1,8 @@
 """A parsed plan's data types: skill calls and the statements that hold them.
 
-The segmenter (:mod:`timelyllm_ros.segmenter`) builds them from the LLM's text, the robots'
-executor runs them; plain data, so the lowest modules (:mod:`timelyllm_ros.request`) can hold
-them without depending on the parser.
+The segmenter (:mod:`timelyllm_ros.language.segmenter`) builds them from the LLM's text, the
+robots' executor runs them; plain data, so the lowest modules (:mod:`timelyllm_ros.core.request`)
+can hold them without depending on the parser.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from timelyllm_ros.request import Generation
+from timelyllm_ros.core.request import Generation
 
 UNSET_STAMP_SEC = -(2**31)
 """``sec`` of a stamp that never happened (a segment the robot never ran)."""

@@ -6,8 +6,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.tuf import Tuf
+from timelyllm_ros.core.tuf import Tuf
+from timelyllm_ros.language.plan import SkillCall, Statement
 
 
 class TaskStatus(enum.IntEnum):

@@ -14,11 +14,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from timelyllm_ros.errors import WorkloadError
-from timelyllm_ros.profiles import load_profile
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.safe_files import DATA_FILE, WorkloadInputError, load_yaml, validation_problems
-from timelyllm_ros.segmenter import segment_text
 
-DATA_DIR = Path(__file__).resolve().parent / 'data'
+DATA_DIR = Path(__file__).resolve().parents[1] / 'data'   # the package's data
 DERIVED_TRACES = DATA_DIR / 'traces' / 'derived.yaml'
 
 # Roughly the granularity of Llama-3's BPE on plans: a word or up to three digits, with its

@@ -17,17 +17,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from timelyllm_ros.admission import BatchMode
-from timelyllm_ros.clock import SimClock
+from timelyllm_ros.core.admission import BatchMode
+from timelyllm_ros.core.clock import SimClock
+from timelyllm_ros.core.request import TaskSpec
+from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
+from timelyllm_ros.core.tuf import NORMAL, URGENT
 from timelyllm_ros.engines import Engine, create_engine, engine_options
 from timelyllm_ros.errors import PolicyError
-from timelyllm_ros.metrics import aggregate, as_row, group_by, task_metrics
-from timelyllm_ros.plots import batch_sweep, metric_figures, paper_figures
+from timelyllm_ros.evaluation.metrics import aggregate, as_row, group_by, task_metrics
+from timelyllm_ros.evaluation.plots import batch_sweep, metric_figures, paper_figures
+from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
 from timelyllm_ros.policies import create_policy
-from timelyllm_ros.request import TaskSpec
-from timelyllm_ros.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.simulation import SimulationResult, simulate
-from timelyllm_ros.tuf import NORMAL, URGENT
 
 SWEEP_BATCH_MODE: BatchMode = 'fixed'
 """The batch-size sweeps (Fig. 7 and 8) fix the batch size as the paper (§7.3.1) and the
@@ -170,7 +170,7 @@ def scheduling_overhead(queued: int, repeats: int = 200, policy: str = 'timelyll
     urgent generation with almost no budget is running, so the admission test runs in full and
     refuses, leaving the queue as it was for the next repeat.
     """
-    from timelyllm_ros.request import TaskStatus
+    from timelyllm_ros.core.request import TaskStatus
 
     clock = SimClock(100.0)
     scheduler = Scheduler(create_policy(policy), create_engine('sim'), clock)

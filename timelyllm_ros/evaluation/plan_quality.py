@@ -38,16 +38,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from timelyllm_ros.clock import WallClock
+from timelyllm_ros.core.clock import WallClock
+from timelyllm_ros.core.plan_requests import plan_request
+from timelyllm_ros.core.request import Segment
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.errors import RobotError, describe_error
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.plan_requests import plan_request
-from timelyllm_ros.profiles import RobotProfile, load_profile
-from timelyllm_ros.request import Segment
-from timelyllm_ros.segmenter import FinishReason, segment_text
-from timelyllm_ros.traces import Trace, load_trace_set
-from timelyllm_ros.validation import statement_problem
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.segmenter import FinishReason, segment_text
+from timelyllm_ros.language.traces import Trace, load_trace_set
+from timelyllm_ros.language.validation import statement_problem
 
 QUALITY_KEYS = ('plans', 'parsed', 'within_limits', 'executed_ok', 'tokens_mean',
                 'decode_ms_per_token')

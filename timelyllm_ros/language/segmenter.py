@@ -13,7 +13,7 @@ with a :class:`Cut` when one or more statements completed. The rule depends on t
   newline. A simple statement ``short(args)`` is complete the moment its ``)`` balances the
   opening ``(``; a conditional ``?COND{BODY}`` and a loop ``N{BODY}`` are complete at the ``}``
   matching their first ``{``. Completed statements are parsed and checked against the profile
-  by :mod:`timelyllm_ros.parser`; malformed ones are rejected, never dispatched. Nothing a
+  by :mod:`timelyllm_ros.language.parser`; malformed ones are rejected, never dispatched. Nothing a
   model writes makes the segmenter raise.
 * ``sentence`` -- chatbot answers: a sentence ends at ``.``, ``!`` or ``?`` (plus closing quotes
   or brackets) once the following whitespace arrived.
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from timelyllm_ros.errors import SegmentationError
-from timelyllm_ros.parser import parse_statement
-from timelyllm_ros.plan import SkillCall, Statement
-from timelyllm_ros.profiles import RobotProfile
+from timelyllm_ros.language.parser import parse_statement
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import RobotProfile
 
 CutReason = Literal['skill', 'sentence', 'paragraph', 'eos', 'length']
 FinishReason = Literal['eos', 'length']

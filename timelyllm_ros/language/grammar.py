@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from timelyllm_ros.profiles import RobotProfile, SkillArg
+from timelyllm_ros.language.profiles import RobotProfile, SkillArg
 
 MAX_STRING_CHARS = 40
 """Longest string argument a constrained plan may hold (characters between the quotes)."""

@@ -3,8 +3,8 @@
 Every change a robot or a goal's owner must hear of is an event the scheduler buffers, in the
 order it happened, whatever caused it (a tick, a cancel, a robot's report, an overdue
 deadline, the service giving up). A driver (the simulation, the live service) drains the
-buffer (:meth:`~timelyllm_ros.scheduler.Scheduler.drain_events`, or the events of
-:meth:`~timelyllm_ros.scheduler.Scheduler.tick`) and acts on each event; nothing ends a goal
+buffer (:meth:`~timelyllm_ros.core.scheduler.Scheduler.drain_events`, or the events of
+:meth:`~timelyllm_ros.core.scheduler.Scheduler.tick`) and acts on each event; nothing ends a goal
 any other way.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timelyllm_ros.request import Generation, Segment
+from timelyllm_ros.core.request import Generation, Segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +27,7 @@ class Dispatch:
 @dataclass(frozen=True, slots=True)
 class Closed:
     """The plan ended after its last segment had already been sent: tell the robot that no
-    segment follows (a closing marker, see :func:`timelyllm_ros.service.closing_segment`)."""
+    segment follows (a closing marker, see :func:`timelyllm_ros.live.service.closing_segment`)."""
 
     generation: Generation
 
