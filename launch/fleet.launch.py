@@ -39,9 +39,9 @@ from launch_ros.events.lifecycle import ChangeState
 from launch_ros.parameter_descriptions import ParameterValue
 from lifecycle_msgs.msg import Transition
 
+from timelyllm_ros.language.profiles import check_profile_name
 from timelyllm_ros.nodes.controller import fleet_remappings
 from timelyllm_ros.nodes.planner import PARAMETERS as PLANNER_PARAMETERS
-from timelyllm_ros.profiles import check_profile_name
 
 MAX_ROBOTS_PER_KIND = 1000
 
