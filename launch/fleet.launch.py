@@ -70,13 +70,19 @@ def _nodes(context, *args, **kwargs):
                 package='timelyllm_ros', executable=executable,
                 namespace=f'{fleet.rstrip("/")}/{name}', name='controller', output='screen',
                 parameters=[{'robot_id': name, 'backend': backend,
-                             'max_queued_tasks': max_queued, **parameters}],
+                             'max_queued_tasks': max_queued, **parameters}, _sim_time()],
                 remappings=fleet_remappings(fleet)))
     nodes.append(Node(
         package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
-        namespace=fleet, output='screen', parameters=[{'bag': LaunchConfiguration('bag')}],
+        namespace=fleet, output='screen',
+        parameters=[{'bag': LaunchConfiguration('bag')}, _sim_time()],
         condition=IfCondition(LaunchConfiguration('record'))))
     return nodes
+
+
+def _sim_time() -> dict[str, ParameterValue]:
+    """The launch's ``use_sim_time``, given to every node it starts."""
+    return {'use_sim_time': ParameterValue(LaunchConfiguration('use_sim_time'), value_type=bool)}
 
 
 def _robot_counts(spec: str) -> list[tuple[str, int]]:
@@ -97,7 +103,8 @@ def _planner(context, *args, **kwargs):
         package='timelyllm_ros', executable='planner', name='planner',
         namespace=_fleet_namespace(context), output='screen',
         parameters=[{name: ParameterValue(LaunchConfiguration(name), value_type=type(default))
-                     for name, default, _ in PLANNER_PARAMETERS if name != 'autostart'}])
+                     for name, default, _ in PLANNER_PARAMETERS if name != 'autostart'},
+                    _sim_time()])
 
     def transition(transition_id: int) -> EmitEvent:
         return EmitEvent(event=ChangeState(
@@ -115,6 +122,9 @@ def _planner(context, *args, **kwargs):
 
 def generate_launch_description():
     return LaunchDescription([
+        DeclareLaunchArgument('use_sim_time', default_value='false',
+                              description='every node on /clock time (the planner refuses '
+                                          'goals until /clock has started)'),
         DeclareLaunchArgument('drones', default_value='3', description='drone controllers'),
         DeclareLaunchArgument('arms', default_value='1', description='arm controllers'),
         DeclareLaunchArgument('robots', default_value='',

@@ -407,3 +407,43 @@ def test_scheduler_state_counts_goals_executing_on_robots(fleet):
     wait(handle.cancel_goal_async())
     wait(handle.get_result_async())
     robots.destroy_subscription(subscription)
+
+
+def test_a_planner_on_sim_time_refuses_goals_until_the_clock_starts(fleet):
+    """use_sim_time with nothing on /clock: ROS time is 0, so every stamp would be 0 and every
+    deadline wrong; goals are refused with the reason until /clock runs."""
+    from rosgraph_msgs.msg import Clock
+
+    planner = active_planner(namespace='/simtime',
+                             parameter_overrides=[Parameter('use_sim_time', value=True)])
+    robots = Robots('simtime_robots', action='/simtime/plan',
+                    done_topic='/simtime/segment_done',
+                    rejections_topic='/simtime/plan_rejections')
+    clock_pub = robots.create_publisher(Clock, '/clock', 10)
+    executor = MultiThreadedExecutor(num_threads=32)
+    for node in (planner, robots):
+        executor.add_node(node)
+    spinner = threading.Thread(target=executor.spin, daemon=True)
+    spinner.start()
+    try:
+        assert robots.client.wait_for_server(timeout_sec=10.0)
+        future, _ = robots.send('drone_sim', CAT, report=False)
+        response = wait(wait(future).get_result_async())
+        assert response.status == 6 and '/clock' in response.result.error, response.result
+        deadline = time.monotonic() + 10.0
+        while planner.node_clock.now() <= 0.0:
+            assert time.monotonic() < deadline, 'the planner never saw /clock'
+            clock_pub.publish(Clock(clock=Time(sec=1000, nanosec=0)))
+            time.sleep(0.05)
+        future, events = robots.send('drone_sim', CAT, report=False)
+        handle = wait(future)
+        deadline = time.monotonic() + 20.0
+        while not segments(events):
+            assert time.monotonic() < deadline, 'no segment once /clock ran'
+            clock_pub.publish(Clock(clock=Time(sec=1000, nanosec=0)))
+            time.sleep(0.05)
+        handle.cancel_goal_async()
+    finally:
+        executor.shutdown()
+        planner.destroy_node()
+        robots.destroy_node()

@@ -147,3 +147,32 @@ def test_a_planner_killed_under_a_running_fleet_is_survived(fleet):
     until(lambda: {r.task_id for r in list(results)} >= {f'{r}-after' for r in ROBOTS}, 60.0,
           'the tasks sent after the restart')
     assert all(r.outcome == 'succeeded' for r in results if r.task_id.endswith('-after'))
+
+
+def test_an_activate_sent_to_an_autostarted_planner_is_refused_not_fatal(fleet):
+    """A launch file's event handler activates a planner restarted by hand with autostart:
+    the second ACTIVATE is refused and the planner stays up and active."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState, GetState
+
+    controllers, *_, processes = fleet
+    process = _planner_process()
+    processes.append(process)
+    until(lambda: all(c.plan_client.server_is_ready() for c in controllers), 60.0,
+          'the planner to be active')
+    node = rclpy.create_node('restart_lifecycle_probe')
+    try:
+        change = node.create_client(ChangeState, f'{FLEET}/planner/change_state')
+        get = node.create_client(GetState, f'{FLEET}/planner/get_state')
+        assert change.wait_for_service(timeout_sec=10.0) and get.wait_for_service(10.0)
+        for transition in (Transition.TRANSITION_ACTIVATE, Transition.TRANSITION_CONFIGURE):
+            future = change.call_async(ChangeState.Request(
+                transition=Transition(id=transition)))
+            rclpy.spin_until_future_complete(node, future, timeout_sec=10.0)
+            assert future.done() and future.result().success is False
+        future = get.call_async(GetState.Request())
+        rclpy.spin_until_future_complete(node, future, timeout_sec=10.0)
+        assert future.result().current_state.label == 'active'
+        assert process.poll() is None, 'the planner died'
+    finally:
+        node.destroy_node()

@@ -81,6 +81,23 @@ class PlannerNode(LifecycleNode):
         self._active = 0                      # accepted goals not ended (threads held)
         self._active_lock = threading.Lock()
         self._accepting = False
+        self._transition_lock = threading.Lock()
+
+    def _LifecycleNode__change_state(self, transition_id: int) -> TransitionCallbackReturn:
+        """Take a lifecycle transition, refusing with a warning one the current state does not
+        have. rclpy (Jazzy) raises out of the ``change_state`` service for such a request and
+        the node dies: a launch file's event handler sends ACTIVATE to a planner restarted by
+        hand with ``autostart`` (already active), which killed the restarted planner."""
+        with self._transition_lock:
+            available = {t[0] for t in self._state_machine.available_transitions}
+            if transition_id not in available:
+                state = self._state_machine.current_state[1]
+                self.get_logger().warning(f'lifecycle transition {transition_id} refused: the '
+                                          f'planner is {state}')
+                return TransitionCallbackReturn.FAILURE
+            result: TransitionCallbackReturn = LifecycleNode._LifecycleNode__change_state(
+                self, transition_id)
+            return result
 
     # -- lifecycle ---------------------------------------------------------------------------
     def on_configure(self, state: State) -> TransitionCallbackReturn:
@@ -228,6 +245,9 @@ class PlannerNode(LifecycleNode):
             try:
                 if not self._accepting or service is None:
                     raise TimelyError('the planner is not active')
+                if self.node_clock.now() <= 0.0:
+                    raise TimelyError('the planner clock has not started: use_sim_time is '
+                                      'true and nothing has published /clock yet')
                 task_id = service.submit(
                     convert.goal_from_msg(goal_handle.request),
                     on_segment=lambda g, s: events.put(('segment', g, s)),
