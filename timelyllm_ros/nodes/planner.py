@@ -83,11 +83,13 @@ class PlannerNode(LifecycleNode):
         self._accepting = False
         self._transition_lock = threading.Lock()
 
-    def _LifecycleNode__change_state(self, transition_id: int) -> TransitionCallbackReturn:
+    def _guarded_change_state(self, transition_id: int) -> TransitionCallbackReturn:
         """Take a lifecycle transition, refusing with a warning one the current state does not
         have. rclpy (Jazzy) raises out of the ``change_state`` service for such a request and
         the node dies: a launch file's event handler sends ACTIVATE to a planner restarted by
-        hand with ``autostart`` (already active), which killed the restarted planner."""
+        hand with ``autostart`` (already active), which killed the restarted planner. Installed
+        in place of rclpy's private ``__change_state`` (see :data:`_RCLPY_CHANGE_STATE`),
+        which both the service and ``trigger_*`` call."""
         with self._transition_lock:
             available = {t[0] for t in self._state_machine.available_transitions}
             if transition_id not in available:
@@ -95,8 +97,8 @@ class PlannerNode(LifecycleNode):
                 self.get_logger().warning(f'lifecycle transition {transition_id} refused: the '
                                           f'planner is {state}')
                 return TransitionCallbackReturn.FAILURE
-            result: TransitionCallbackReturn = LifecycleNode._LifecycleNode__change_state(
-                self, transition_id)
+            result: TransitionCallbackReturn = getattr(
+                super(), _RCLPY_CHANGE_STATE)(transition_id)
             return result
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -344,6 +346,21 @@ class PlannerNode(LifecycleNode):
         deadline = time.monotonic() + timeout_s
         while self._active and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _rclpy_change_state_name() -> str:
+    """The mangled name of rclpy's private ``__change_state`` (in ``LifecycleNodeMixin`` on
+    Jazzy, ``LifecycleNode`` before)."""
+    for cls in LifecycleNode.__mro__:
+        name = f'_{cls.__name__}__change_state'
+        if name in vars(cls):
+            return name
+    raise RuntimeError("rclpy LifecycleNode has no __change_state: update the planner's "
+                       'lifecycle transition guard for this rclpy')
+
+
+_RCLPY_CHANGE_STATE = _rclpy_change_state_name()
+setattr(PlannerNode, _RCLPY_CHANGE_STATE, PlannerNode._guarded_change_state)
 
 
 def action_server_qos() -> dict[str, object]:
