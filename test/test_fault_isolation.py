@@ -442,3 +442,19 @@ def test_a_goal_whose_robot_runs_a_segment_is_never_failed_for_memory() -> None:
     assert fresh.status == TaskStatus.FAILED          # nothing of it ran: refused as before
     assert fresh.error == 'the prompt does not fit in the engine KV memory'
     assert not scheduler.invariant_violations()
+
+
+def test_a_failure_report_ends_the_goal_with_the_robots_reason_whatever_its_times() -> None:
+    """A robot on another clock that fails a segment: the failure is not refused for its times
+    (the goal would wait for a deadline), it ends the goal with the robot's reason."""
+    scheduler = Scheduler(create_policy('timelyllm'), SimulatedEngine(), SimClock())
+    generation = scheduler.submit(make_spec('t0'))
+    while not generation.segments:
+        scheduler.tick()
+    scheduler.report_segment('t0', 0, 1e9, 1e9 + 1, success=False,
+                             error="skill 'scan' is not supported")
+    assert generation.status == TaskStatus.FAILED
+    assert generation.error == "robot failed segment 0: skill 'scan' is not supported"
+    assert math.isnan(generation.segments[0].end_time)      # impossible times not kept
+    with pytest.raises(GoalError, match='another clock'):     # a success report still is
+        scheduler.report_segment('t0', 0, 1e9, 1e9 + 1)

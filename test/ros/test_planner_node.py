@@ -447,3 +447,26 @@ def test_a_planner_on_sim_time_refuses_goals_until_the_clock_starts(fleet):
         executor.shutdown()
         planner.destroy_node()
         robots.destroy_node()
+
+
+def test_a_robot_failure_ends_the_goal_failed_with_the_robots_reason(fleet):
+    _, robots, _, _ = fleet
+    received: list = []
+    goal = PlanTask.Goal(robot_id='drone_fail', robot_kind='tello', task=CAT, urgency='normal',
+                         wait_for_execution=True)
+    future = robots.client.send_goal_async(
+        goal, feedback_callback=lambda message: received.append(message.feedback.segment))
+    handle = wait(future)
+    deadline = time.monotonic() + 20.0
+    while not received:
+        assert time.monotonic() < deadline, 'no segment'
+        time.sleep(0.01)
+    first = received[0]
+    now = time.time()
+    robots.done_pub.publish(convert.segment_done_to_msg(
+        'drone_fail', first.goal_id, first.index, now, now + 0.01, False,
+        "skill 'scan' is not supported by this backend", SegmentDone, Time))
+    response = wait(handle.get_result_async())
+    assert response.status == 6                                     # aborted, not canceled
+    assert convert.outcome_of(response.status, response.result) == 'failed'
+    assert "skill 'scan' is not supported" in response.result.error

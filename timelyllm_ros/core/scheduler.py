@@ -239,20 +239,23 @@ class Scheduler:
         ``report_clock_tolerance_s``: not before the segment was dispatched, not after now,
         and the end not before the start. A robot on another clock (wall time beside a
         planner on sim time) would otherwise move the goal's report deadline anywhere; such a
-        report is refused and the goal keeps the deadline it had.
+        report is refused and the goal keeps the deadline it had. A failure report ends the
+        goal as FAILED with the robot's reason whatever its times (impossible ones are not
+        kept): a robot that failed must not be left waiting for a deadline.
 
         Raises:
-            GoalError: unknown task or segment index, or times that are not finite or not
-                possible (nothing is changed).
+            GoalError: unknown task or segment index, or a success report whose times are not
+                finite or not possible (nothing is changed).
         """
         generation = self._get(task_id)
         if not 0 <= index < len(generation.segments):
             raise GoalError(f'task {task_id!r} has no dispatched segment {index}')
         segment = generation.segments[index]
         problem = self._report_time_problem(segment, start_time, end_time)
-        if problem is not None:
+        if problem is not None and success:
             raise GoalError(f'task {task_id!r} segment {index}: {problem}')
-        segment.start_time, segment.end_time = start_time, end_time
+        if problem is None:
+            segment.start_time, segment.end_time = start_time, end_time
         segment.success, segment.error = success, error
         if generation.status.terminal:
             return generation

@@ -3,9 +3,10 @@
 A task arrives on ``task`` (``timelyllm_ros/msg/Task``); the node sends the plan goal on the
 ``plan`` action, executes the segments in order as they stream in (the next one may arrive
 while one executes), publishes ``segment_done`` and one ``skill_executions`` record per
-skill, and on a backend failure aborts: the goal is cancelled and the rest of the plan is
-dropped. Every task ends with one ``PlanResult`` on ``plan_results`` (its ``outcome``:
-succeeded, failed, canceled, rejected by the planner, refused by the controller).
+skill, and on a backend failure reports it (the planner ends the goal as failed with the
+robot's reason) and drops the rest of the plan. Every task ends with one ``PlanResult`` on
+``plan_results`` (its ``outcome``: succeeded, failed, canceled, rejected by the planner,
+refused by the controller).
 
 A robot executes one plan at a time: a task that arrives while a plan is generated or executed
 waits in a queue of at most ``max_queued_tasks`` tasks, urgent ones first and otherwise in
@@ -274,13 +275,13 @@ class RobotControllerNode(Node):
                 SegmentDone, Time))
 
     def _abort(self, msg, index: int, error: str, start: float, end: float) -> None:  # type: ignore[no-untyped-def]
-        """Backend failure: report it, cancel the goal, drop the rest of the plan."""
+        """Backend failure: report it (the planner ends the goal as failed with this reason;
+        a cancel here raced the report and turned a robot failure into "cancelled by the
+        client") and drop the rest of the plan."""
         self.get_logger().error(f'{self.robot_id}: segment {index} failed: {error}')
         self._aborted_goal = msg.goal_id
         self.done_pub.publish(convert.segment_done_to_msg(
             self.robot_id, msg.goal_id, index, start, end, False, error, SegmentDone, Time))
-        if self._goal_handle is not None:
-            self._goal_handle.cancel_goal_async()
 
     def destroy_node(self) -> None:
         dropped = self.tasks.drain()

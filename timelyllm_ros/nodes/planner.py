@@ -28,6 +28,7 @@ from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
 from rclpy.qos import qos_profile_sensor_data
 
 from timelyllm_ros.action import PlanTask
+from timelyllm_ros.core.request import TaskStatus
 from timelyllm_ros.engines import ENGINES, parse_engine_options
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.live.service import PlannerService
@@ -293,8 +294,8 @@ class PlannerNode(LifecycleNode):
             if not result.success:
                 self.get_logger().warning(
                     f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
-            if goal_handle.is_cancel_requested:
-                goal_handle.canceled()
+            if generation.status == TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
+                goal_handle.canceled()          # else a failure keeps its own outcome
             elif result.success:
                 goal_handle.succeed()
             else:
