@@ -21,8 +21,17 @@ planner that fails to configure (bad engine, model or option) logs why and stays
 unconfigured.
 
 Every node uses relative names: the planner (and recorder) run in the ``fleet`` namespace
-(default: the root), each controller in ``<fleet>/<robot>`` (``drone_0``, ``arm_0``, …), its
-``plan`` action, ``segment_done`` and ``skill_executions`` remapped to the fleet's. Send a
+(default: the root), each controller in ``<fleet>/<robot>`` (``drone_0``, ``arm_0``, …); a
+controller finds the planner's ``plan`` action, ``segment_done`` and ``skill_executions`` in
+the namespace above its own, so any node restarts with one command and no remaps:
+
+    ros2 run timelyllm_ros planner --ros-args -r __ns:=/<fleet> -p autostart:=true \
+        [-p engine:=... the same planner arguments]
+    ros2 run timelyllm_ros drone_controller --ros-args -r __ns:=/<fleet>/drone_0 \
+        -p robot_id:=drone_0 [-p backend:=emulator]
+
+(A restarted planner with ``autostart`` also receives this launch file's ACTIVATE: it is
+refused with a warning, the planner stays active.) Send a
 robot a task with ``ros2 topic pub --once /drone_0/task timelyllm_ros/msg/Task "{task: 'find
 the cat'}"``; its outcome arrives on ``/drone_0/plan_results``. A robot executes one plan at a
 time; tasks that arrive meanwhile wait (urgent ones first), at most ``max_queued_tasks`` of
@@ -40,7 +49,6 @@ from launch_ros.parameter_descriptions import ParameterValue
 from lifecycle_msgs.msg import Transition
 
 from timelyllm_ros.language.profiles import check_profile_name
-from timelyllm_ros.nodes.controller import fleet_remappings
 from timelyllm_ros.nodes.planner import PARAMETERS as PLANNER_PARAMETERS
 
 MAX_ROBOTS_PER_KIND = 1000
@@ -70,8 +78,7 @@ def _nodes(context, *args, **kwargs):
                 package='timelyllm_ros', executable=executable,
                 namespace=f'{fleet.rstrip("/")}/{name}', name='controller', output='screen',
                 parameters=[{'robot_id': name, 'backend': backend,
-                             'max_queued_tasks': max_queued, **parameters}, _sim_time()],
-                remappings=fleet_remappings(fleet)))
+                             'max_queued_tasks': max_queued, **parameters}, _sim_time()]))
     nodes.append(Node(
         package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
         namespace=fleet, output='screen',

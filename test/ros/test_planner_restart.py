@@ -30,7 +30,7 @@ from timelyllm_ros.msg import PlanResult, Segment, Task  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
-from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
+from timelyllm_ros.nodes.controller import RobotControllerNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
 FLEET = '/restart'
@@ -69,10 +69,8 @@ def fleet():
     initialized = not rclpy.ok()
     if initialized:
         rclpy.init()
-    remaps = ['--ros-args', *(arg for name, target in fleet_remappings(FLEET)
-                              for arg in ('-r', f'{name}:={target}'))]
     controllers = [RobotControllerNode(
-        'controller', 'tello', namespace=f'{FLEET}/{robot}', cli_args=remaps,
+        'controller', 'tello', namespace=f'{FLEET}/{robot}',
         parameter_overrides=[Parameter('robot_id', value=robot),
                              Parameter('max_queued_tasks', value=8)]) for robot in ROBOTS]
     probe = rclpy.create_node('restart_probe')

@@ -26,7 +26,7 @@ from timelyllm_ros.msg import PlanResult, SegmentDone, Task, TimeUtility  # noqa
 from lrtrace.nodes import LrtraceReplayerNode  # noqa: E402
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
-from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_remappings  # noqa: E402
+from timelyllm_ros.nodes.controller import RobotControllerNode, fleet_name  # noqa: E402
 from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
 
 pytestmark = pytest.mark.ros
@@ -44,13 +44,8 @@ composition: "(3,6),(2,9)"
 """
 DRONES = ['rt_drone_0', 'rt_drone_1']
 QUEUED = 'rt_drone_q'          # the robot of the queue test: at most two tasks wait
-FLEET_REMAPS = ['--ros-args', *(arg for name, target in fleet_remappings('/')
-                                for arg in ('-r', f'{name}:={target}'))]
-"""What the launch file does: a controller's fleet names go to the (root) planner's."""
-
-
 def controller(robot: str, max_queued: int) -> RobotControllerNode:
-    return RobotControllerNode('controller', 'tello', namespace=robot, cli_args=FLEET_REMAPS,
+    return RobotControllerNode('controller', 'tello', namespace=robot,
                                parameter_overrides=[Parameter('robot_id', value=robot),
                                                     Parameter('max_queued_tasks',
                                                               value=max_queued)])
@@ -198,10 +193,8 @@ def test_controller_parameters_are_described_ranged_and_checked(fleet):
                                 parameter_overrides=[Parameter(name, value=value)])
 
 
-def test_fleet_remappings_cover_the_action_and_the_reports():
-    assert fleet_remappings('/fleet_a') == [
-        ('segment_done', '/fleet_a/segment_done'),
-        ('skill_executions', '/fleet_a/skill_executions'),
-        *((f'plan/_action/{name}', f'/fleet_a/plan/_action/{name}')
-          for name in ('send_goal', 'cancel_goal', 'get_result', 'feedback', 'status'))]
-    assert fleet_remappings('')[0] == ('segment_done', '/segment_done')
+def test_a_controller_finds_its_fleet_in_the_namespace_above_its_own():
+    assert fleet_name('/fleet_a/drone_0', 'plan') == '/fleet_a/plan'
+    assert fleet_name('/drone_0', 'segment_done') == '/segment_done'
+    assert fleet_name('/', 'plan') == '/plan'
+    assert fleet_name('/fleet_a/', 'skill_executions') == '/fleet_a/skill_executions'

@@ -11,9 +11,11 @@ refused by the controller).
 A robot executes one plan at a time: a task that arrives while a plan is generated or executed
 waits in a queue of at most ``max_queued_tasks`` tasks, urgent ones first and otherwise in
 arrival order (:class:`_tasks.TaskQueue`); a task that finds the queue full is refused.
-Names are relative (the launch file remaps the ``plan`` action, ``segment_done`` and
-``skill_executions`` to the planner's namespace: :func:`fleet_remappings`); stamps come from
-the node clock.
+The robot's own names are relative (``task``, ``plan_results``); the planner's (the ``plan``
+action, ``segment_done``, ``skill_executions``) are the fleet's, the namespace above the
+robot's (:func:`fleet_name`: ``/drone_0`` -> ``/plan``, ``/fleet_a/drone_0`` ->
+``/fleet_a/plan``; the ``fleet`` parameter overrides it), so a controller restarts with one
+command and no remaps (see the README); stamps come from the node clock.
 ``drone_controller`` and ``arm_controller`` are this node with a different default robot kind
 (tello, indy7); ``controller`` is this node for a robot of any kind, named by its
 ``robot_kind`` parameter (a profile name): the profile's robot kind
@@ -78,10 +80,13 @@ class RobotControllerNode(Node):
         self.backend = self.robot.backend
         self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
-        self.plan_client = SafeActionClient(self, PlanTask, PLAN_ACTION, callback_group=group)
-        self.done_pub = self.create_publisher(SegmentDone, 'segment_done',
+        fleet = param('fleet').value or self.get_namespace()
+        self.plan_client = SafeActionClient(self, PlanTask, fleet_name(fleet, PLAN_ACTION),
+                                            callback_group=group)
+        self.done_pub = self.create_publisher(SegmentDone, fleet_name(fleet, 'segment_done'),
                                               reliable(ACTION_QUEUE_DEPTH))
-        self.skills_pub = self.create_publisher(SkillExecution, 'skill_executions',
+        self.skills_pub = self.create_publisher(SkillExecution,
+                                                fleet_name(fleet, 'skill_executions'),
                                                 reliable(ACTION_QUEUE_DEPTH))
         max_queued = int(param('max_queued_tasks').value)
         self.result_pub = self.create_publisher(PlanResult, 'plan_results',
@@ -293,21 +298,17 @@ class RobotControllerNode(Node):
 
 
 PLAN_ACTION = 'plan'
-"""The controller's (relative) name of the planner's PlanTask action."""
-
-FLEET_NAMES = ('segment_done', 'skill_executions',
-               *(f'{PLAN_ACTION}/_action/{name}' for name in (
-                   'send_goal', 'cancel_goal', 'get_result', 'feedback', 'status')))
-"""A controller's names that belong to its fleet's planner, not to its robot. rcl (Jazzy)
-remaps an action's services and topics one by one, not the action's name: the five names
-the action is made of are listed."""
+"""The name of the planner's PlanTask action in its fleet's namespace."""
 
 
-def fleet_remappings(fleet_namespace: str) -> list[tuple[str, str]]:
-    """Remaps that send a controller's fleet names to the planner in ``fleet_namespace``
-    (e.g. ``''`` or ``'/'`` for the root, ``'/fleet_a'``)."""
-    prefix = '/' + fleet_namespace.strip('/')
-    return [(name, f'{prefix.rstrip("/")}/{name}') for name in FLEET_NAMES]
+def fleet_name(namespace: str, name: str) -> str:
+    """The absolute name of a fleet-wide ``name`` for a controller in ``namespace``: in the
+    namespace above the robot's (``'/fleet_a/drone_0'`` -> ``'/fleet_a/<name>'``, a robot at
+    the root -> ``'/<name>'``), or in ``namespace`` itself when it ends with ``/`` (the
+    ``fleet`` parameter: ``'/fleet_a/'``)."""
+    parts = [p for p in namespace.split('/') if p]
+    fleet = parts if namespace.endswith('/') and namespace != '/' else parts[:-1]
+    return '/' + '/'.join([*fleet, name])
 
 
 RESULTS_DEPTH_SPARE = 16
@@ -331,6 +332,8 @@ def controller_parameters(node_name: str, default_kind: str
                                       'ones)', STR)),
         ('max_queued_tasks', 8, describe('tasks a busy robot queues before refusing more',
                                          INT, integer=(0, 4096))),
+        ('fleet', '', describe("namespace of the fleet's planner, ending with '/' (empty: "
+                               "the namespace above the robot's)", STR)),
     )
 
 
