@@ -122,3 +122,58 @@ def test_500_concurrent_active_goals_are_served_and_canceled(load):
                          for g in planner.service.scheduler.generations.values()),
              10.0, 'the service to drop every goal')
 
+
+
+def test_a_burst_from_a_plain_client_with_default_qos_loses_nothing(load):
+    """200 goals at once from rclpy's ActionClient with its default QoS (10 responses and 10
+    feedback messages kept), the client playing every robot with a default-QoS publisher:
+    every goal is answered and succeeds (paced answers; segments sent again until reported)."""
+    from builtin_interfaces.msg import Time
+    from rclpy.action import ActionClient
+    from rclpy.executors import SingleThreadedExecutor
+    from timelyllm_ros.action import PlanTask
+    from timelyllm_ros.msg import SegmentDone
+
+    from timelyllm_ros.nodes import convert
+
+    planner, _ = load
+    name = planner.get_namespace()
+    client_node = rclpy.create_node('plain_client')
+    client = ActionClient(client_node, PlanTask, f'{name}/plan')
+    reports = client_node.create_publisher(SegmentDone, f'{name}/segment_done', 10)
+    executor = SingleThreadedExecutor()
+    executor.add_node(client_node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    handles, results = {}, {}
+    try:
+        assert client.wait_for_server(timeout_sec=10.0)
+
+        def feedback(robot: str):
+            def report(message) -> None:
+                segment = message.feedback.segment
+                if not convert.is_plan_end(segment):
+                    now = time.time()
+                    reports.publish(convert.segment_done_to_msg(
+                        robot, segment.goal_id, segment.index, now, now + 0.01, True, '',
+                        SegmentDone, Time))
+            return report
+
+        def answered(i: int):
+            def keep(future) -> None:
+                handles[i] = handle = future.result()
+                handle.get_result_async().add_done_callback(
+                    lambda done: results.__setitem__(i, done.result()))
+            return keep
+
+        for i in range(200):
+            goal = PlanTask.Goal(robot_id=f'plain_{i}', robot_kind='tello', task=CAT,
+                                 urgency='normal', wait_for_execution=True)
+            client.send_goal_async(goal, feedback_callback=feedback(f'plain_{i}')
+                                   ).add_done_callback(answered(i))
+        wait_all(lambda: len(handles) == 200, 60.0, f'answers ({len(handles)} of 200)')
+        wait_all(lambda: len(results) == 200, 600.0, f'results ({len(results)} of 200)')
+        failed = [r.result.error for r in results.values() if not r.result.success]
+        assert failed == [], failed[:5]
+    finally:
+        executor.shutdown()
+        client_node.destroy_node()

@@ -102,6 +102,8 @@ class RobotControllerNode(Node):
         self._leaving = threading.Lock()
         self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
+        self._received: set[tuple[str, int, bool]] = set()   # segments of the current goal
+        self._received_lock = threading.Lock()
         self.create_timer(PLANNER_WATCH_S, self.watch_planner, callback_group=group)
         self._worker = threading.Thread(target=self._execute_segments, daemon=True)
         self._worker.start()
@@ -226,12 +228,20 @@ class RobotControllerNode(Node):
             return
         self._goal_handle = handle
         self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
+        with self._received_lock:
+            self._received.clear()
         handle.get_result_async().add_done_callback(
             lambda result, handle=handle: self.result_callback(result, handle))
 
     def feedback_callback(self, feedback) -> None:  # type: ignore[no-untyped-def]
-        self._active_goal_id = feedback.feedback.segment.goal_id
-        self._segments.put(feedback.feedback.segment)
+        segment = feedback.feedback.segment
+        key = (segment.goal_id, segment.index, convert.is_plan_end(segment))
+        with self._received_lock:
+            if key in self._received:
+                return          # the planner sent it again (no report yet): already have it
+            self._received.add(key)
+        self._active_goal_id = segment.goal_id
+        self._segments.put(segment)
 
     def result_callback(self, future, handle) -> None:  # type: ignore[no-untyped-def]
         if handle is not self._goal_handle:

@@ -21,7 +21,7 @@ from typing import Any
 import rclpy
 from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.action import ActionServer, CancelResponse
+from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
@@ -83,6 +83,10 @@ class PlannerNode(LifecycleNode):
         self._active_lock = threading.Lock()
         self._accepting = False
         self._transition_lock = threading.Lock()
+        self._goal_events: dict[str, _GoalEvents] = {}   # active task id -> its events
+        self._answers = threading.Lock()       # paces goal responses (goal_callback)
+        self._answer_tokens = float(ANSWER_BURST)
+        self._answered_at = time.monotonic()
 
     def _guarded_change_state(self, transition_id: int) -> TransitionCallbackReturn:
         """Take a lifecycle transition, refusing with a warning one the current state does not
@@ -150,6 +154,7 @@ class PlannerNode(LifecycleNode):
         self._accepting = True
         self.action_server = ActionServer(
             self, PlanTask, 'plan', execute_callback=self.execute_callback,
+            goal_callback=self.goal_callback,
             cancel_callback=self.cancel_callback, callback_group=self._group,
             **action_server_qos())
         self.get_logger().info('planner active: serving plan goals')
@@ -214,6 +219,29 @@ class PlannerNode(LifecycleNode):
             self._wait_goals_ended(ABORT_WAIT_S)
 
     # -- the action --------------------------------------------------------------------------
+    def goal_callback(self, goal_request) -> GoalResponse:  # type: ignore[no-untyped-def]
+        """Accept every goal (one that cannot be served is aborted with the reason), the
+        answer paced (:meth:`_pace`)."""
+        self._pace()
+        return GoalResponse.ACCEPT
+
+    def _pace(self) -> None:
+        """Pace the planner's answers (goal responses, results): :data:`ANSWER_BURST` at once,
+        then one per :data:`ANSWER_GAP_S`. A client with rclpy's default QoS keeps 10
+        responses; a burst of 200 answers at once lost a few, and their goals were never
+        answered."""
+        with self._answers:
+            now = time.monotonic()
+            self._answer_tokens = min(float(ANSWER_BURST), self._answer_tokens
+                                      + (now - self._answered_at) / ANSWER_GAP_S)
+            self._answered_at = now
+            if self._answer_tokens < 1.0:
+                time.sleep((1.0 - self._answer_tokens) * ANSWER_GAP_S)
+                self._answered_at = time.monotonic()
+                self._answer_tokens = 0.0
+            else:
+                self._answer_tokens -= 1.0
+
     def cancel_callback(self, goal_handle) -> CancelResponse:  # type: ignore[no-untyped-def]
         """A cancel reaches the service at once; the goal ends canceled through it."""
         task_id = self._tasks.get(bytes(goal_handle.goal_id.uuid))
@@ -258,12 +286,15 @@ class PlannerNode(LifecycleNode):
             except TimelyError as err:
                 return self._reject(goal_handle, str(err))
             self._tasks[key] = task_id
+            self._goal_events[task_id] = events
             self._robots[task_id] = goal_handle.request.robot_id
             if goal_handle.is_cancel_requested:       # canceled before it was submitted
                 service.cancel(task_id)
             return self._stream(goal_handle, task_id, events)
         finally:
-            self._robots.pop(self._tasks.pop(key, ''), None)
+            task_id = self._tasks.pop(key, '')
+            self._robots.pop(task_id, None)
+            self._goal_events.pop(task_id, None)
             with self._active_lock:
                 self._active -= 1
 
@@ -281,12 +312,29 @@ class PlannerNode(LifecycleNode):
 
     def _stream(self, goal_handle, task_id: str,  # type: ignore[no-untyped-def]
                 events: _GoalEvents) -> PlanTask.Result:
+        """Stream a goal's segments as feedback until it ends, then return its result.
+
+        Feedback is a lossy channel for a client whose queue is shallower than a burst (an
+        rclpy ActionClient keeps 10 by default): a segment its robot has not reported is sent
+        again, :data:`RESEND_AFTER_S` past its estimated execution and every
+        :data:`RESEND_EVERY_S` after (robots skip a segment index they already have)."""
+        unreported: dict[int, tuple[float, Segment]] = {}   # index -> (when to resend, msg)
         while True:
-            kind, generation, segment = events.get()
+            event = events.get(timeout_s=RESEND_CHECK_S)
+            if event is None:
+                self._resend(goal_handle, unreported)
+                continue
+            kind, generation, segment = event
+            if kind == 'reported':
+                unreported.pop(int(generation), None)   # type: ignore[call-overload]
+                continue
             if kind == 'segment':
                 msg = convert.segment_to_msg(generation, segment, 0.0, Segment, Time)
                 self.segments_pub.publish(msg)
                 goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
+                if goal_handle.request.wait_for_execution and not convert.is_plan_end(msg):
+                    due = time.monotonic() + msg.estimated_execution_s + RESEND_AFTER_S
+                    unreported[msg.index] = (due, msg)
                 continue
             result = PlanTask.Result(**convert.result_fields(generation))
             self.records_pub.publish(convert.task_record_to_msg(
@@ -294,6 +342,7 @@ class PlannerNode(LifecycleNode):
             if not result.success:
                 self.get_logger().warning(
                     f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
+            self._pace()                        # the result is an answer too
             if generation.status == TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
                 goal_handle.canceled()          # else a failure keeps its own outcome
             elif result.success:
@@ -301,6 +350,15 @@ class PlannerNode(LifecycleNode):
             else:
                 goal_handle.abort()
             return result
+
+    def _resend(self, goal_handle, unreported: dict[int, tuple[float, Segment]]  # type: ignore[no-untyped-def]
+                ) -> None:
+        """Publish again the feedback of the segments whose report is overdue."""
+        now = time.monotonic()
+        for index, (due, msg) in sorted(unreported.items()):
+            if due <= now:
+                goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
+                unreported[index] = (now + RESEND_EVERY_S, msg)
 
     def watch_controllers(self) -> None:
         """Fail the goals of a robot whose controller node was up and has left the graph
@@ -322,6 +380,9 @@ class PlannerNode(LifecycleNode):
             return
         task_id, index, start, end, success, error = convert.segment_done_from_msg(msg, 0.0)
         self.service.report_segment(task_id, index, start, end, success, error)
+        events = self._goal_events.get(task_id)
+        if events is not None:
+            events.put(('reported', index, None))      # no need to send it again
 
     def publish_state(self) -> None:
         if self.service is None:
@@ -383,10 +444,12 @@ class _GoalEvents:
             self._events.append(event)
             self._ready.notify()
 
-    def get(self) -> tuple:  # type: ignore[type-arg]
+    def get(self, timeout_s: float | None = None) -> tuple | None:  # type: ignore[type-arg]
+        """The next event; None if none came within ``timeout_s``."""
         with self._ready:
-            while not self._events:
-                self._ready.wait()
+            if not self._events and not self._ready.wait_for(lambda: bool(self._events),
+                                                             timeout_s):
+                return None
             return self._events.popleft()
 
 
@@ -440,6 +503,21 @@ ABORT_WAIT_S = 5.0
 
 CONTROLLER_WATCH_S = 1.0
 """How often the planner looks for controllers that left the ROS graph (s)."""
+
+ANSWER_BURST = 4
+"""Goal responses sent at once before the planner paces them."""
+
+ANSWER_GAP_S = 0.01
+"""Then one goal response per this many seconds (500 goals answered in about 5 s)."""
+
+RESEND_AFTER_S = 1.0
+"""A segment not reported this long after its estimated execution is sent again (s)."""
+
+RESEND_EVERY_S = 2.0
+"""... and again this often until it is reported or the goal ends (s)."""
+
+RESEND_CHECK_S = 0.25
+"""How often a goal's stream looks for segments to send again (s)."""
 
 MAX_ACTIVE_GOALS = 1024
 """Goals the planner serves at once (streaming or waiting on their robots); more are rejected

@@ -1,0 +1,98 @@
+"""A burst of PlanTask goals from a plain rclpy ActionClient with its default QoS.
+
+Run in a ROS 2 workspace where this package is built, beside a planner::
+
+    ros2 run timelyllm_ros planner --ros-args -p autostart:=true &
+    python3 benchmarks/ros_burst.py --goals 200 --timeout 600
+
+The client sends every goal at once, then plays every robot: each segment that arrives as
+feedback is reported done at once (a default-QoS publisher). It prints how many goals were
+answered, how many ended and how, and the time to the last result: what a user's client with
+rclpy's defaults (10 responses and 10 feedback messages kept) sees under a burst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+
+import rclpy
+from builtin_interfaces.msg import Time
+from rclpy.action import ActionClient
+from rclpy.executors import SingleThreadedExecutor
+from timelyllm_ros.action import PlanTask
+from timelyllm_ros.msg import SegmentDone
+
+from timelyllm_ros.nodes import convert
+
+TASK = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--goals', type=int, default=200)
+    parser.add_argument('--timeout', type=float, default=600.0, help='s to wait for results')
+    parser.add_argument('--action', default='/plan')
+    parser.add_argument('--reports', default='/segment_done')
+    args = parser.parse_args()
+    rclpy.init()
+    node = rclpy.create_node('burst_client')
+    client = ActionClient(node, PlanTask, args.action)
+    reports = node.create_publisher(SegmentDone, args.reports, 10)
+    if not client.wait_for_server(timeout_sec=30.0):
+        raise SystemExit(f'no planner serves {args.action}')
+    answered: dict[int, object] = {}
+    results: dict[int, object] = {}
+    feedback_goals: set[int] = set()
+
+    def on_feedback(i: int, robot: str):  # type: ignore[no-untyped-def]
+        def report(message) -> None:  # type: ignore[no-untyped-def]
+            segment = message.feedback.segment
+            if convert.is_plan_end(segment):
+                return
+            feedback_goals.add(i)
+            now = time.time()
+            reports.publish(convert.segment_done_to_msg(
+                robot, segment.goal_id, segment.index, now, now + 0.01, True, '', SegmentDone,
+                Time))
+        return report
+
+    def on_answer(i: int):  # type: ignore[no-untyped-def]
+        def keep(future) -> None:  # type: ignore[no-untyped-def]
+            answered[i] = handle = future.result()
+            if handle.accepted:
+                handle.get_result_async().add_done_callback(
+                    lambda done: results.__setitem__(i, done.result()))
+        return keep
+
+    started = time.monotonic()
+    for i in range(args.goals):
+        robot = f'burst_{i}'
+        goal = PlanTask.Goal(robot_id=robot, robot_kind='tello', task=TASK, urgency='normal',
+                             wait_for_execution=True)
+        client.send_goal_async(goal, feedback_callback=on_feedback(i, robot)
+                               ).add_done_callback(on_answer(i))
+    executor = SingleThreadedExecutor()
+    executor.add_node(node)
+    deadline = started + args.timeout
+    last_result = 0.0
+    while time.monotonic() < deadline and len(results) < args.goals:
+        before = len(results)
+        executor.spin_once(timeout_sec=0.1)
+        if len(results) > before:
+            last_result = time.monotonic() - started
+    outcomes = Counter('succeeded' if r.result.success else r.result.error[:70]
+                       for r in results.values())
+    print(f'goals {args.goals}: answered {len(answered)}, never answered '
+          f'{args.goals - len(answered)}, feedback reached {len(feedback_goals)}, results '
+          f'{len(results)} (last after {last_result:.1f} s), no result within '
+          f'{args.timeout:.0f} s {args.goals - len(results)}')
+    for outcome, count in outcomes.most_common():
+        print(f'  {count:5d}  {outcome}')
+    node.destroy_node()
+    rclpy.try_shutdown()
+
+
+if __name__ == '__main__':
+    main()
