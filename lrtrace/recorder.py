@@ -124,6 +124,21 @@ def write_mcap_crcs(path: Path) -> bool:
     return True
 
 
+BAG_ROS_DISTRO = 'jazzy'
+"""The ROS distribution a bag names when written outside ROS: rosbag2 format 9, which the
+recorder writes, is Jazzy's."""
+
+
+def _name_ros_distro(metadata: Path) -> None:
+    """Put the ROS distribution (``$ROS_DISTRO``, else :data:`BAG_ROS_DISTRO`) in a bag's
+    ``metadata.yaml``, where rosbags writes its own name (``ros2 bag info`` showed
+    "ROS Distro: rosbags")."""
+    distro = os.environ.get('ROS_DISTRO') or BAG_ROS_DISTRO
+    text = metadata.read_text(encoding='utf-8')
+    metadata.write_text(text.replace('ros_distro: rosbags\n', f'ros_distro: {distro}\n', 1),
+                        encoding='utf-8')
+
+
 class _FlushingMcapWriter(McapWriter):
     """rosbags' MCAP storage writer that closes chunks at ``chunk_size`` and flushes them.
 
@@ -263,6 +278,7 @@ class TraceRecorder:
         self._storage = None
         if writer is not None:
             writer.close()
+            _name_ros_distro(self.path / 'metadata.yaml')
 
     def flush(self) -> None:
         """Close the open chunk now and push it to disk."""

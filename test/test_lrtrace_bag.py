@@ -364,3 +364,20 @@ def test_cli_errors_return_1(tmp_path, capsys):
     assert main(['record', '--out', str(tmp_path / 'samples')]) == 1   # exists: no overwrite
     err = capsys.readouterr().err
     assert err.count('ERROR:') == 5 and 'not overwriting' in err
+
+
+def test_a_bag_names_the_ros_distribution(tmp_path, monkeypatch):
+    import yaml
+
+    from lrtrace.recorder import BAG_ROS_DISTRO
+
+    monkeypatch.delenv('ROS_DISTRO', raising=False)
+    with TraceRecorder(tmp_path / 'plain'):
+        pass
+    info = yaml.safe_load((tmp_path / 'plain' / 'metadata.yaml').read_text())
+    assert info['rosbag2_bagfile_information']['ros_distro'] == BAG_ROS_DISTRO
+    monkeypatch.setenv('ROS_DISTRO', 'kilted')
+    with TraceRecorder(tmp_path / 'sourced'):
+        pass
+    info = yaml.safe_load((tmp_path / 'sourced' / 'metadata.yaml').read_text())
+    assert info['rosbag2_bagfile_information']['ros_distro'] == 'kilted'
