@@ -142,7 +142,13 @@ def test_plan_results_carry_outcome_task_id_and_queue_time():
                                          outcome='refused', error='task queue full')
     assert (refused.success, refused.error, refused.response_time_s) == (
         False, 'task queue full', -1.0)
-    assert not hasattr(refused, 'plan')
+    assert (refused.plan, refused.segment_count) == ('', 0)
+    left = convert.plan_result_to_msg(Msg, Msg, stamp_s=2.0, robot_id='drone_0',
+                                      robot_kind='tello', task_id='task-0003',
+                                      outcome='failed', error='the planner left',
+                                      streamed=['mf(50)', ';tc(90)'])
+    assert (left.plan, left.segment_count, left.error) == ('mf(50);tc(90)', 2,
+                                                          'the planner left')
 
 
 @pytest.mark.parametrize('status, success, error, outcome', [

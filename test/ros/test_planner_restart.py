@@ -136,6 +136,7 @@ def test_a_planner_killed_under_a_running_fleet_is_survived(fleet):
     for robot in ROBOTS:
         first = by_task[f'{robot}-0']
         assert first.outcome == 'failed' and 'planner left' in first.error, first
+        assert first.segment_count >= 1 and first.plan, first     # what had streamed in
         for n in range(1, TASKS_PER_ROBOT):             # waited, then served by the new one
             assert by_task[f'{robot}-{n}'].outcome == 'succeeded', by_task[f'{robot}-{n}']
     # and the fleet serves new tasks

@@ -28,6 +28,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import rclpy
 from action_msgs.msg import GoalStatus
@@ -103,6 +104,7 @@ class RobotControllerNode(Node):
         self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
         self._received: set[tuple[str, int, bool]] = set()   # segments of the current goal
+        self._streamed: list[str] = []         # ... their texts, in order (the plan so far)
         self._received_lock = threading.Lock()
         self.create_timer(PLANNER_WATCH_S, self.watch_planner, callback_group=group)
         self._worker = threading.Thread(target=self._execute_segments, daemon=True)
@@ -123,12 +125,12 @@ class RobotControllerNode(Node):
         urgency = request.urgency or self.get_parameter('urgency').value
         return 0 if urgency == 'urgent' else 1
 
-    def _publish_result(self, task_id: str, outcome: str, error: str = '',
-                        queued_s: float = 0.0, result=None) -> None:  # type: ignore[no-untyped-def]
+    def _publish_result(self, task_id: str, outcome: str, error: str = '',  # type: ignore[no-untyped-def]
+                        queued_s: float = 0.0, result=None, streamed: Sequence[str] = ()) -> None:
         self.result_pub.publish(convert.plan_result_to_msg(
             PlanResult, Time, stamp_s=self.robot_clock.now(), robot_id=self.robot_id,
             robot_kind=self.profile.name, task_id=task_id, outcome=outcome,
-            queued_s=queued_s, error=error, result=result))
+            queued_s=queued_s, error=error, result=result, streamed=streamed))
 
     def task_callback(self, msg: Task) -> None:
         """Start, queue or refuse a task (non-blocking: callbacks chain the rest)."""
@@ -202,8 +204,10 @@ class RobotControllerNode(Node):
         request = self.tasks.active
         reason = 'the planner left while the task was active (its action server is gone)'
         self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
+        with self._received_lock:
+            streamed = list(self._streamed)
         self._publish_result(request.task_id if request is not None else '', 'failed', reason,
-                             self._queued_s)
+                             self._queued_s, streamed=streamed)
         self._next()
 
     def _next(self) -> None:
@@ -230,6 +234,7 @@ class RobotControllerNode(Node):
         self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
         with self._received_lock:
             self._received.clear()
+            self._streamed.clear()
         handle.get_result_async().add_done_callback(
             lambda result, handle=handle: self.result_callback(result, handle))
 
@@ -240,6 +245,8 @@ class RobotControllerNode(Node):
             if key in self._received:
                 return          # the planner sent it again (no report yet): already have it
             self._received.add(key)
+            if not key[2]:
+                self._streamed.append(segment.text)
         self._active_goal_id = segment.goal_id
         self._segments.put(segment)
 

@@ -9,6 +9,7 @@ is the node clock).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,13 +295,15 @@ def outcome_of(status: int, result: Any) -> Outcome:
 
 def plan_result_to_msg(cls: type, time_cls: type, *, stamp_s: float, robot_id: str,
                        robot_kind: str, task_id: str, outcome: Outcome, queued_s: float = 0.0,
-                       error: str = '', result: Any = None) -> Any:
+                       error: str = '', result: Any = None,
+                       streamed: Sequence[str] = ()) -> Any:
     """The ``PlanResult`` a controller publishes when a task ends: from the goal's PlanTask
-    ``result`` when there is one, else from ``error`` alone (refused, or the planner left)."""
+    ``result`` when there is one, else from ``error`` and the segment texts that had
+    ``streamed`` in (refused, or the planner left mid-plan)."""
     msg = cls(stamp=stamp(stamp_s, time_cls), robot_id=robot_id, robot_kind=robot_kind,
               task_id=task_id, outcome=outcome, success=outcome == 'succeeded', error=error,
               response_time_s=-1.0, waiting_time_s=-1.0, utility=0.0,
-              queued_s=float(queued_s))
+              queued_s=float(queued_s), plan=''.join(streamed), segment_count=len(streamed))
     if result is not None:
         msg.error = error or str(result.error)
         msg.plan = str(result.plan)
