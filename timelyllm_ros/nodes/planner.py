@@ -34,6 +34,7 @@ from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.live.service import PlannerService
 from timelyllm_ros.msg import (
     PlanRejection,
+    PlanResult,
     SchedulerState,
     Segment,
     SegmentDone,
@@ -84,6 +85,8 @@ class PlannerNode(LifecycleNode):
         self._accepting = False
         self._transition_lock = threading.Lock()
         self._goal_events: dict[str, _GoalEvents] = {}   # active task id -> its events
+        self._orphans: set[str] = set()        # tasks failed because their controller left
+        self._robot_results: dict[str, object] = {}   # robot id -> its plan_results publisher
         self._answers = threading.Lock()       # paces goal responses (goal_callback)
         self._answer_tokens = float(ANSWER_BURST)
         self._answered_at = time.monotonic()
@@ -194,6 +197,7 @@ class PlannerNode(LifecycleNode):
         for destroy, entity in self._interfaces:
             destroy(entity)
         self._interfaces = []
+        self._robot_results.clear()
         self._stop_service()
 
     def _stop_service(self) -> None:
@@ -342,6 +346,9 @@ class PlannerNode(LifecycleNode):
             if not result.success:
                 self.get_logger().warning(
                     f'goal {task_id} ({generation.status.name.lower()}): {result.error}')
+            if task_id in self._orphans:
+                self._orphans.discard(task_id)
+                self._report_for_gone_controller(goal_handle.request, result)
             self._pace()                        # the result is an answer too
             if generation.status == TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
                 goal_handle.canceled()          # else a failure keeps its own outcome
@@ -360,6 +367,23 @@ class PlannerNode(LifecycleNode):
                 goal_handle.publish_feedback(PlanTask.Feedback(segment=msg))
                 unreported[index] = (now + RESEND_EVERY_S, msg)
 
+    def _report_for_gone_controller(self, goal, result) -> None:  # type: ignore[no-untyped-def]
+        """Publish the task's ``PlanResult`` on its robot's ``plan_results`` in place of its
+        controller, which left the graph mid-plan and cannot."""
+        robot_id = goal.robot_id
+        try:
+            publisher = self._robot_results.get(robot_id)
+            if publisher is None:
+                publisher = self._robot_results[robot_id] = self.create_publisher(
+                    PlanResult, f'{robot_id}/plan_results', reliable(RESULTS_DEPTH))
+                self._interfaces.append((self.destroy_publisher, publisher))
+            publisher.publish(convert.plan_result_to_msg(  # type: ignore[attr-defined]
+                PlanResult, Time, stamp_s=self.node_clock.now(), robot_id=robot_id,
+                robot_kind=goal.robot_kind, task_id=goal.task_id, outcome='failed',
+                result=result))
+        except Exception as err:  # noqa: BLE001 - a robot id that is no topic name: logged
+            self.get_logger().warning(f'no PlanResult for {robot_id}: {err}')
+
     def watch_controllers(self) -> None:
         """Fail the goals of a robot whose controller node was up and has left the graph
         (killed, crashed): nobody will execute or report their segments."""
@@ -371,6 +395,7 @@ class PlannerNode(LifecycleNode):
                 self.get_logger().warning(f'goal {task_id}: the controller of {robot_id} is '
                                           'gone; the goal is failed')
                 if self.service is not None:
+                    self._orphans.add(task_id)
                     self.service.fail(task_id,
                                       f'the controller of {robot_id} left the ROS graph')
         self._controllers_seen &= present | set(self._robots.values())
@@ -509,6 +534,9 @@ ANSWER_BURST = 4
 
 ANSWER_GAP_S = 0.01
 """Then one goal response per this many seconds (500 goals answered in about 5 s)."""
+
+RESULTS_DEPTH = 64
+"""Depth of the plan_results publisher the planner opens for a robot whose controller left."""
 
 RESEND_AFTER_S = 1.0
 """A segment not reported this long after its estimated execution is sent again (s)."""
