@@ -175,16 +175,27 @@ class RobotKind:
                        ) -> tuple[list[str], dict[str, str]]:
         """The skills to profile on a connected backend and, per skipped skill, why.
 
-        Default: every skill the backend supports.
+        Default: the skills :meth:`profiling_skip` has no reason to skip, in profile order.
         """
         profiled: list[str] = []
         skipped: dict[str, str] = {}
         for skill in profile.skills:
-            if backend.supports(skill.name):
+            reason = self.profiling_skip(skill.name, backend, emulated, poses)
+            if reason is None:
                 profiled.append(skill.name)
             else:
-                skipped[skill.name] = f'not supported by {type(backend).__name__}'
+                skipped[skill.name] = reason
         return profiled, skipped
+
+    def profiling_skip(self, name: str, backend: RobotBackend, emulated: bool,
+                       poses: Mapping[str, Sequence[float]]) -> str | None:
+        """Why one skill is not profiled on a connected backend, or None.
+
+        Default: the skills the backend does not support.
+        """
+        if not backend.supports(name):
+            return f'not supported by {type(backend).__name__}'
+        return None
 
     def profiling_steps(self, profile: RobotProfile, profiled: Sequence[str], points: int,
                         poses: Mapping[str, Sequence[float]]) -> list[Step]:

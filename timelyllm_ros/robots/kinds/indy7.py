@@ -102,27 +102,26 @@ class Indy7Kind(RobotKind):
                       ) -> AbstractContextManager[Rig]:
         return _indy7_rig(profile, emulated, time_scale, host, poses)
 
+    def profiling_skip(self, name: str, backend: RobotBackend, emulated: bool,
+                       poses: Mapping[str, Sequence[float]]) -> str | None:
+        unsupported = super().profiling_skip(name, backend, emulated, poses)
+        if unsupported is not None:
+            return unsupported
+        if name in LOCAL:
+            return LOCAL[name]
+        if name in OBJECT_SKILLS and emulated:
+            return ('the emulator performs it as a movel to a taught object pose, timed by '
+                    "move_task's model of that displacement, not by this skill's sampled "
+                    'model: nothing to compare; profile it on a real arm (--backend indydcp3 '
+                    '--poses FILE)')
+        if name in OBJECT_SKILLS and not poses:
+            return 'needs taught object poses (--poses FILE)'
+        return None
+
     def profiling_plan(self, profile: RobotProfile, backend: RobotBackend, emulated: bool,
                        poses: Mapping[str, Sequence[float]]
                        ) -> tuple[list[str], dict[str, str]]:
-        kind = type(backend).__name__
-        profiled: list[str] = []
-        skipped: dict[str, str] = {}
-        for skill in profile.skills:
-            name = skill.name
-            if not backend.supports(name):
-                skipped[name] = f'not supported by {kind}'
-            elif name in LOCAL:
-                skipped[name] = LOCAL[name]
-            elif name in OBJECT_SKILLS and emulated:
-                skipped[name] = ('the emulator performs it as a movel to a taught object pose, '
-                                 "timed by move_task's model of that displacement, not by "
-                                 "this skill's sampled model: nothing to compare; profile it "
-                                 'on a real arm (--backend indydcp3 --poses FILE)')
-            elif name in OBJECT_SKILLS and not poses:
-                skipped[name] = 'needs taught object poses (--poses FILE)'
-            else:
-                profiled.append(name)
+        profiled, skipped = super().profiling_plan(profile, backend, emulated, poses)
         if any(n in profiled for n in GRIPPER_SKILLS) \
                 and not all(n in profiled for n in GRIPPER_SKILLS):
             for name in GRIPPER_SKILLS:

@@ -121,25 +121,23 @@ class TelloKind(RobotKind):
                       ) -> AbstractContextManager[Rig]:
         return _tello_rig(profile, emulated, time_scale, host)
 
+    def profiling_skip(self, name: str, backend: RobotBackend, emulated: bool,
+                       poses: Mapping[str, Sequence[float]]) -> str | None:
+        kind = type(backend).__name__
+        if not backend.supports(name):
+            return (f'not supported by {kind}' if name == 're_plan' else
+                    f'perception skill: {kind} performs it only with a perception source '
+                    '(vision model); there is none here')
+        if name in LOCAL:
+            return LOCAL[name]
+        if name not in PAIRS and name not in PAIRS.values() and name not in ('takeoff', 'land'):
+            return f'{kind} performs it without a drone command here'
+        return None
+
     def profiling_plan(self, profile: RobotProfile, backend: RobotBackend, emulated: bool,
                        poses: Mapping[str, Sequence[float]]
                        ) -> tuple[list[str], dict[str, str]]:
-        kind = type(backend).__name__
-        profiled: list[str] = []
-        skipped: dict[str, str] = {}
-        for skill in profile.skills:
-            name = skill.name
-            if not backend.supports(name):
-                skipped[name] = (f'not supported by {kind}' if name == 're_plan' else
-                                 f'perception skill: {kind} performs it only with a '
-                                 'perception source (vision model); there is none here')
-            elif name in LOCAL:
-                skipped[name] = LOCAL[name]
-            elif name not in PAIRS and name not in PAIRS.values() \
-                    and name not in ('takeoff', 'land'):
-                skipped[name] = f'{kind} performs it without a drone command here'
-            else:
-                profiled.append(name)
+        profiled, skipped = super().profiling_plan(profile, backend, emulated, poses)
         for first, second in PAIRS.items():
             if (first in profiled) != (second in profiled):
                 lone = first if first in profiled else second
