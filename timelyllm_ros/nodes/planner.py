@@ -324,7 +324,11 @@ class PlannerNode(LifecycleNode):
         :data:`RESEND_EVERY_S` after (robots skip a segment index they already have)."""
         unreported: dict[int, tuple[float, Segment]] = {}   # index -> (when to resend, msg)
         while True:
-            event = events.get(timeout_s=RESEND_CHECK_S)
+            # Sleep until the next event or the first resend due (a goal with nothing
+            # unreported wakes only for events: a thousand goals must not poll).
+            wait_s = (max(0.0, min(due for due, _ in unreported.values()) - time.monotonic())
+                      if unreported else None)
+            event = events.get(timeout_s=wait_s)
             if event is None:
                 self._resend(goal_handle, unreported)
                 continue
@@ -543,9 +547,6 @@ RESEND_AFTER_S = 1.0
 
 RESEND_EVERY_S = 2.0
 """... and again this often until it is reported or the goal ends (s)."""
-
-RESEND_CHECK_S = 0.25
-"""How often a goal's stream looks for segments to send again (s)."""
 
 MAX_ACTIVE_GOALS = 1024
 """Goals the planner serves at once (streaming or waiting on their robots); more are rejected
