@@ -198,3 +198,18 @@ def test_a_controller_finds_its_fleet_in_the_namespace_above_its_own():
     assert fleet_name('/drone_0', 'segment_done') == '/segment_done'
     assert fleet_name('/', 'plan') == '/plan'
     assert fleet_name('/fleet_a/', 'skill_executions') == '/fleet_a/skill_executions'
+
+
+@pytest.mark.parametrize(('namespace', 'fleet', 'expected'), [
+    ('/fleet_q/drone_0', '', '/fleet_q/segment_done'),        # the namespace above its own
+    ('/drone_0', '/fleet_p', '/fleet_p/segment_done'),        # the parameter, no slash
+    ('/drone_0', '/fleet_p/', '/fleet_p/segment_done'),       # ... or with one
+])
+def test_a_controller_reports_to_its_fleet(fleet, namespace, expected):
+    node = RobotControllerNode('controller', 'tello', namespace=namespace,
+                               parameter_overrides=[Parameter('robot_id', value='drone_0'),
+                                                    Parameter('fleet', value=fleet)])
+    try:
+        assert node.done_pub.topic_name == expected
+    finally:
+        node.destroy_node()

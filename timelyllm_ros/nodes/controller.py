@@ -81,7 +81,8 @@ class RobotControllerNode(Node):
         self.backend = self.robot.backend
         self.skill_executor = SkillExecutor(self.backend, self.robot_clock)
         group = ReentrantCallbackGroup()
-        fleet = param('fleet').value or self.get_namespace()
+        given = param('fleet').value     # the fleet's own namespace: '/fleet_a' or '/fleet_a/'
+        fleet = given.rstrip('/') + '/' if given else self.get_namespace()
         self.plan_client = SafeActionClient(self, PlanTask, fleet_name(fleet, PLAN_ACTION),
                                             callback_group=group)
         self.done_pub = self.create_publisher(SegmentDone, fleet_name(fleet, 'segment_done'),
@@ -349,8 +350,8 @@ def controller_parameters(node_name: str, default_kind: str
                                       'ones)', STR)),
         ('max_queued_tasks', 8, describe('tasks a busy robot queues before refusing more',
                                          INT, integer=(0, 4096))),
-        ('fleet', '', describe("namespace of the fleet's planner, ending with '/' (empty: "
-                               "the namespace above the robot's)", STR)),
+        ('fleet', '', describe("namespace of the fleet's planner, e.g. /fleet_a (empty: the "
+                               "namespace above the robot's)", STR)),
     )
 
 
