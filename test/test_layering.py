@@ -26,6 +26,7 @@ PACKAGES = (timelyllm_ros, lrtrace)
 LAYERS: dict[str, int] = {
     # L0: plain data and primitives
     'timelyllm_ros': 0, 'timelyllm_ros.errors': 0, 'timelyllm_ros.safe_files': 0,
+    'timelyllm_ros.plugins': 0,
     'timelyllm_ros.core.clock': 0, 'timelyllm_ros.core.tuf': 0, 'timelyllm_ros.core.request': 0,
     'timelyllm_ros.core.events': 0, 'timelyllm_ros.language.plan': 0,
     # L1: the robots' plan language, execution times, goals, traces and workloads

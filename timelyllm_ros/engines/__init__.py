@@ -13,7 +13,6 @@ Heavy engines are imported only when created.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import typing
 from collections.abc import Iterable, Mapping
@@ -21,6 +20,7 @@ from typing import Any
 
 from timelyllm_ros.engines.base import Engine, EngineRequest, StepResult
 from timelyllm_ros.errors import EngineError
+from timelyllm_ros.plugins import load_class
 
 # name -> (module, class); the modules import their vendor libraries only when an engine is built
 ENGINE_CLASSES: dict[str, tuple[str, str]] = {
@@ -41,18 +41,11 @@ def engine_class(name: str) -> type[Engine]:
     """
     if name in ENGINE_CLASSES:
         module_name, class_name = ENGINE_CLASSES[name]
-    elif ':' in name:
-        module_name, _, class_name = name.partition(':')
-    else:
-        raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}, or '
-                          "'package.module:Class'")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise EngineError(f'cannot load engine {name!r}: {err}') from None
-    if not (isinstance(cls, type) and issubclass(cls, Engine)):
-        raise EngineError(f'{name!r} is not an Engine subclass')
-    return cls
+        return load_class(f'{module_name}:{class_name}', Engine, 'engine', EngineError)
+    if ':' in name:
+        return load_class(name, Engine, 'engine', EngineError)
+    raise EngineError(f'unknown engine {name!r}; available: {", ".join(ENGINES)}, or '
+                      "'package.module:Class'")
 
 
 def engine_options(name: str) -> dict[str, inspect.Parameter]:

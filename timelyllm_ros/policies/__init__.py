@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
-
 from timelyllm_ros.errors import PolicyError
+from timelyllm_ros.plugins import load_class
 from timelyllm_ros.policies.autellix import AutellixAtlasPolicy, AutellixPolicy
 from timelyllm_ros.policies.base import Policy
 from timelyllm_ros.policies.baselines import (
@@ -37,14 +36,8 @@ def create_policy(name: str) -> Policy:
     if name in POLICIES:
         return POLICIES[name]()
     if ':' in name:
-        module_name, _, class_name = name.partition(':')
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as err:
-            raise PolicyError(f'cannot load policy {name!r}: {err}') from None
-        if not (isinstance(cls, type) and issubclass(cls, Policy)):
-            raise PolicyError(f'{name!r} is not a Policy subclass')
-        return cls()
+        policy: Policy = load_class(name, Policy, 'policy', PolicyError)()
+        return policy
     raise PolicyError(f'unknown policy {name!r}; available: {", ".join(POLICIES)}')
 
 

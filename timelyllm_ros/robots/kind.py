@@ -37,6 +37,7 @@ from timelyllm_ros.core.clock import Clock, WallClock
 from timelyllm_ros.errors import RobotError
 from timelyllm_ros.language.plan import SkillCall
 from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.plugins import load_named
 from timelyllm_ros.robots.backend import RobotBackend
 from timelyllm_ros.robots.rig import Rig, Step, profile_calls
 
@@ -297,11 +298,7 @@ def robot_kind(spec: str) -> RobotKind:
     if spec in _KINDS:
         return _KINDS[spec]
     if ':' in spec:
-        module_name, _, class_name = spec.partition(':')
-        try:
-            found = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as err:
-            raise RobotError(f'cannot load robot kind {spec!r}: {err}') from None
+        found = load_named(spec, 'robot kind', RobotError)
         if isinstance(found, RobotKind):
             return register_kind(found) if _KINDS.get(found.name) is not found else found
         if not (isinstance(found, type) and issubclass(found, RobotKind)):
