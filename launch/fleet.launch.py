@@ -63,6 +63,7 @@ def _nodes(context, *args, **kwargs):
     backend = LaunchConfiguration('backend').perform(context)
     max_queued = int(LaunchConfiguration('max_queued_tasks').perform(context))
     profiles_dir = LaunchConfiguration('profiles_dir').perform(context)
+    state_dir = LaunchConfiguration('state_dir').perform(context)
     robots = [(kind, executable, int(LaunchConfiguration(count).perform(context)), {})
               for kind, executable, count in (('drone', 'drone_controller', 'drones'),
                                               ('arm', 'arm_controller', 'arms'))]
@@ -78,7 +79,8 @@ def _nodes(context, *args, **kwargs):
                 package='timelyllm_ros', executable=executable,
                 namespace=f'{fleet.rstrip("/")}/{name}', name='controller', output='screen',
                 parameters=[{'robot_id': name, 'backend': backend,
-                             'max_queued_tasks': max_queued, **parameters}, _sim_time()]))
+                             'max_queued_tasks': max_queued, 'state_dir': state_dir,
+                             **parameters}, _sim_time()]))
     nodes.append(Node(
         package='timelyllm_ros', executable='lrtrace_recorder', name='lrtrace_recorder',
         namespace=fleet, output='screen',
@@ -146,6 +148,9 @@ def generate_launch_description():
           for name, default, descriptor in PLANNER_PARAMETERS if name != 'autostart'],
         DeclareLaunchArgument('max_queued_tasks', default_value='8',
                               description='tasks a busy robot queues before refusing'),
+        DeclareLaunchArgument('state_dir', default_value='',
+                              description="folder of the controllers' task journals (empty: "
+                                          '$ROS_HOME/timelyllm)'),
         DeclareLaunchArgument('record', default_value='false',
                               description='start the LRTrace recorder'),
         DeclareLaunchArgument('bag', default_value='fleet_bag',

@@ -94,6 +94,11 @@ class TaskQueue(Generic[T]):
             self._active = item
             return Started(item, max(0.0, now - since))
 
+    def snapshot(self) -> tuple[T | None, list[T]]:
+        """The active task and the waiting ones, in queue order (for a journal)."""
+        with self._lock:
+            return self._active, [item for _, item, _ in self._waiting]
+
     def drain(self) -> list[T]:
         """Drop every waiting task (shutdown) and return them, in queue order."""
         with self._lock:

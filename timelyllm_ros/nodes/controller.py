@@ -11,6 +11,10 @@ refused by the controller).
 A robot executes one plan at a time: a task that arrives while a plan is generated or executed
 waits in a queue of at most ``max_queued_tasks`` tasks, urgent ones first and otherwise in
 arrival order (:class:`_tasks.TaskQueue`); a task that finds the queue full is refused.
+The queue is kept in a journal file (:mod:`task_journal`, under ``state_dir``): a controller
+killed and started again takes up its waiting tasks (those younger than ``resume_within_s``)
+and has the planner end its lost active goal with a result; a controller whose planner left
+reports the active task failed with a ``PlanResult`` and a ``TaskRecord`` of what it ran.
 The robot's own names are relative (``task``, ``plan_results``); the planner's (the ``plan``
 action, ``segment_done``, ``skill_executions``) are the fleet's, the namespace above the
 robot's (:func:`fleet_name`: ``/drone_0`` -> ``/plan``, ``/fleet_a/drone_0`` ->
@@ -29,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import rclpy
 from action_msgs.msg import GoalStatus
@@ -42,13 +47,29 @@ from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.tuf import TUF_CLASSES
 from timelyllm_ros.errors import GoalError, ProfileError, TimelyError
 from timelyllm_ros.language.profiles import available_profiles, load_profile
-from timelyllm_ros.msg import PlanResult, SegmentDone, SkillExecution, Task, TimeUtility
+from timelyllm_ros.msg import (
+    PlanResult,
+    SegmentDone,
+    SkillExecution,
+    Task,
+    TaskRecord,
+    TimeUtility,
+)
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
 from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, SafeActionClient, reliable
 from timelyllm_ros.nodes.node_clock import NodeClock
-from timelyllm_ros.nodes.parameters import INT, STR, describe, refuse_outside_choices
+from timelyllm_ros.nodes.parameters import FLOAT, INT, STR, describe, refuse_outside_choices
 from timelyllm_ros.nodes.spin import spin_until_shutdown
+from timelyllm_ros.nodes.task_journal import (
+    LOST_GOAL_PREFIX,
+    JournalError,
+    JournalState,
+    KeptTask,
+    TaskJournal,
+    default_state_dir,
+    journal_path,
+)
 from timelyllm_ros.robots.executor import SkillExecutor
 from timelyllm_ros.robots.factory import BACKENDS, open_robot
 
@@ -90,17 +111,28 @@ class RobotControllerNode(Node):
         self.skills_pub = self.create_publisher(SkillExecution,
                                                 fleet_name(fleet, 'skill_executions'),
                                                 reliable(ACTION_QUEUE_DEPTH))
+        self.records_pub = self.create_publisher(TaskRecord, fleet_name(fleet, 'task_records'),
+                                                 reliable(RESULTS_DEPTH_SPARE))
+        self._segment_done_topic = fleet_name(fleet, 'segment_done')
         max_queued = int(param('max_queued_tasks').value)
         self.result_pub = self.create_publisher(PlanResult, 'plan_results',
                                                 reliable(max_queued + RESULTS_DEPTH_SPARE))
         self.create_subscription(Task, 'task', self.task_callback,
                                  reliable(max_queued + RESULTS_DEPTH_SPARE),
                                  callback_group=group)
-        self.tasks: TaskQueue[convert.TaskRequest] = TaskQueue(max_queued, rank=self._rank)
+        self.tasks: TaskQueue[KeptTask] = TaskQueue(max_queued, rank=self._rank)
         self._queued_s = 0.0                # how long the active task waited in the queue
         self._segments: queue.Queue = queue.Queue()
         self._goal_handle = None
-        self._unsent: convert.TaskRequest | None = None   # the active task, not sent yet
+        self._unsent: KeptTask | None = None   # the active task, not sent yet
+        self._goal_uuid = ''                    # hex UUID of the active task's goal
+        self._sent_s = 0.0                      # when its goal was sent (node clock)
+        self._runs: dict[int, convert.SegmentRun] = {}   # its executed segments, by index
+        self._segment_msgs: list = []           # its received segments, in order
+        self._lost_goals: list[KeptTask] = []   # a previous process's goals, to report
+        self._journal_lock = threading.Lock()
+        state_dir = param('state_dir').value or default_state_dir()
+        self.journal = TaskJournal(journal_path(state_dir, self.get_fully_qualified_name()))
         self._leaving = threading.Lock()
         self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
@@ -113,18 +145,64 @@ class RobotControllerNode(Node):
         self.get_logger().info(f'{self.robot_id}: {self.profile.name} on the '
                                f'{param("backend").value} backend, one plan at a time, '
                                f'up to {self.tasks.max_waiting} tasks queued')
+        self._take_up_journal()
 
     @staticmethod
-    def _label(request: convert.TaskRequest | None) -> str:
-        if request is None:
+    def _label(kept: KeptTask | None) -> str:
+        if kept is None:
             return '-'
+        request = kept.request
         text = request.task if len(request.task) <= 40 else request.task[:37] + '...'
         return f'{request.task_id} ({text!r})' if request.task_id else repr(text)
 
-    def _rank(self, request: convert.TaskRequest) -> int:
+    def _rank(self, kept: KeptTask) -> int:
         """Queue rank of a task: urgent tasks wait ahead of the others."""
-        urgency = request.urgency or self.get_parameter('urgency').value
+        urgency = kept.request.urgency or self.get_parameter('urgency').value
         return 0 if urgency == 'urgent' else 1
+
+    def _save_journal(self) -> None:
+        """Write the robot's tasks to the journal (after every change of the queue)."""
+        with self._journal_lock:
+            active, waiting = self.tasks.snapshot()
+            if active is not None and self._goal_uuid:
+                active = replace(active, goal_uuid=self._goal_uuid)
+            try:
+                self.journal.save(JournalState(active, tuple(waiting),
+                                               tuple(self._lost_goals)))
+            except OSError as err:
+                self.get_logger().error(f'{self.robot_id}: cannot write the task journal '
+                                        f'{self.journal.path}: {err}')
+
+    def _take_up_journal(self) -> None:
+        """Take up the tasks a previous process of this controller left in the journal."""
+        try:
+            state = self.journal.load()
+        except JournalError as err:
+            self.get_logger().error(f'{self.robot_id}: {err}; starting with no tasks')
+            return
+        if state.empty:
+            return
+        self._lost_goals = list(state.lost)
+        first: list[KeptTask] = []
+        if state.active is not None:
+            (self._lost_goals if state.active.goal_uuid else first).append(state.active)
+        limit_s = float(self.get_parameter('resume_within_s').value)
+        taken = 0
+        for kept in [*first, *state.waiting]:
+            age_s = max(0.0, time.time() - kept.arrived_s)
+            if age_s > limit_s:
+                self._publish_result(kept.request.task_id, 'failed',
+                                     f'not resumed after the controller restarted: it arrived '
+                                     f'{age_s:.0f} s before, more than resume_within_s '
+                                     f'({limit_s:g} s)')
+                continue
+            self._offer(kept, time.monotonic() - age_s)
+            taken += 1
+        self.get_logger().warning(
+            f"{self.robot_id}: restarted: took up {taken} of the journal's tasks; "
+            f'{len(self._lost_goals)} active goal(s) of the previous process go to the '
+            'planner to be ended')
+        self._save_journal()
 
     def _publish_result(self, task_id: str, outcome: str, error: str = '',  # type: ignore[no-untyped-def]
                         queued_s: float = 0.0, result=None, streamed: Sequence[str] = ()) -> None:
@@ -143,36 +221,43 @@ class RobotControllerNode(Node):
                                     f'{f" (task {task_id})" if task_id else ""}: {err}')
             self._publish_result(task_id, 'refused', f'invalid task: {err}')
             return
-        admission = self.tasks.offer(request, time.monotonic())
+        self._offer(KeptTask(request, time.time()), time.monotonic())
+        self._save_journal()
+
+    def _offer(self, kept: KeptTask, arrived: float) -> None:
+        """Start, queue or refuse a task that arrived at monotonic time ``arrived``."""
+        request = kept.request
+        admission = self.tasks.offer(kept, arrived)
         if admission.outcome == 'refused':
             reason = (f'task queue full ({admission.waiting} waiting, '
                       f'max_queued_tasks {self.tasks.max_waiting})')
             self.get_logger().warning(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: refused task '
-                f'{self._label(request)}: {reason}')
+                f'{self._label(kept)}: {reason}')
             self._publish_result(request.task_id, 'refused', reason)
         elif admission.outcome == 'queued':
             self.get_logger().info(
                 f'{self.robot_id}: busy with {self._label(self.tasks.active)}: task '
-                f'{self._label(request)} queued ({admission.position} of '
+                f'{self._label(kept)} queued ({admission.position} of '
                 f'{self.tasks.max_waiting})')
         else:
-            self._start(request, 0.0)
+            self._start(kept, max(0.0, time.monotonic() - arrived))
 
-    def _start(self, request: convert.TaskRequest | None, queued_s: float) -> None:
+    def _start(self, kept: KeptTask | None, queued_s: float) -> None:
         """Send the plan goal of the active task. With no planner action server up the task
         waits, queue and all, and is sent when a planner is back (:meth:`watch_planner`)."""
-        if request is None:
+        if kept is None:
             return
         self._queued_s = queued_s
         if not self.plan_client.server_is_ready():
-            if self._unsent is not request:
+            if self._unsent is not kept:
                 self.get_logger().warning(f'{self.robot_id}: no planner action server: task '
-                                          f'{self._label(request)} waits for one')
-            self._unsent = request
+                                          f'{self._label(kept)} waits for one')
+            self._unsent = kept
             return
         self._unsent = None
-        goal = convert.goal_to_msg(self.robot_id, self.profile.name, request,
+        self._sent_s = self.robot_clock.now()
+        goal = convert.goal_to_msg(self.robot_id, self.profile.name, kept.request,
                                    self.get_parameter('urgency').value, PlanTask.Goal,
                                    TimeUtility)
         future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
@@ -182,12 +267,32 @@ class RobotControllerNode(Node):
         """Send a waiting task once a planner is up; end the active task when the planner
         left while serving it (killed, crashed, restarted: its goal is gone with it)."""
         ready = self.plan_client.server_is_ready()
+        if self._lost_goals and ready:
+            self._report_lost_goals()
         if self._unsent is not None and ready:
             self.get_logger().info(f'{self.robot_id}: a planner is up: sending task '
                                    f'{self._label(self._unsent)}')
             self._start(self._unsent, self._queued_s)
         elif self._goal_handle is not None and not ready:
             self._planner_left(self._goal_handle)
+
+    def _report_lost_goals(self) -> None:
+        """Tell the planner which of its goals a previous process of this controller held
+        (named by goal UUID): it ends them and publishes their results in its place. Waits
+        for the planner's own ``segment_done`` subscription (a report to no one is lost)."""
+        subscribers = self.get_subscriptions_info_by_topic(self._segment_done_topic)
+        if not any(info.node_name == 'planner' for info in subscribers):
+            return
+        now = self.robot_clock.now()
+        for kept in self._lost_goals:
+            reason = (f'the controller of {self.robot_id} restarted while the task was '
+                      'active: its process, and the plan it was executing, are gone')
+            self.get_logger().warning(f'{self.robot_id}: task {self._label(kept)}: {reason}')
+            self.done_pub.publish(convert.segment_done_to_msg(
+                self.robot_id, LOST_GOAL_PREFIX + kept.goal_uuid, 0, now, now, False, reason,
+                SegmentDone, Time))
+        self._lost_goals = []
+        self._save_journal()
 
     def _planner_left(self, handle) -> None:  # type: ignore[no-untyped-def]
         """End the active task: its planner left while serving it (once: the watch timer and
@@ -202,19 +307,28 @@ class RobotControllerNode(Node):
                 self._segments.get_nowait()
             except queue.Empty:
                 break
-        request = self.tasks.active
+        kept = self.tasks.active
         reason = 'the planner left while the task was active (its action server is gone)'
-        self.get_logger().error(f'{self.robot_id}: task {self._label(request)}: {reason}')
+        self.get_logger().error(f'{self.robot_id}: task {self._label(kept)}: {reason}')
         with self._received_lock:
             streamed = list(self._streamed)
-        self._publish_result(request.task_id if request is not None else '', 'failed', reason,
-                             self._queued_s, streamed=streamed)
+            segments = list(self._segment_msgs)
+            runs = dict(self._runs)
+        if kept is not None:    # the planner's record of the task went with it
+            self.records_pub.publish(convert.robot_task_record_to_msg(
+                self.robot_id, self.profile.name, kept.request,
+                self.get_parameter('urgency').value, self._sent_s, segments, runs, reason,
+                self.robot_clock.now(), TaskRecord, TimeUtility, Time))
+        self._publish_result(kept.request.task_id if kept is not None else '', 'failed',
+                             reason, self._queued_s, streamed=streamed)
         self._next()
 
     def _next(self) -> None:
         """The active task ended: start the next waiting one, if any."""
         self._goal_handle = None
+        self._goal_uuid = ''
         started = self.tasks.finish(time.monotonic())
+        self._save_journal()
         if started is not None:
             self.get_logger().info(
                 f'{self.robot_id}: starting queued task {self._label(started.item)} after '
@@ -223,19 +337,23 @@ class RobotControllerNode(Node):
 
     def goal_response_callback(self, future) -> None:  # type: ignore[no-untyped-def]
         handle = future.result()
-        request = self.tasks.active
-        task_id = request.task_id if request is not None else ''
+        kept = self.tasks.active
+        task_id = kept.request.task_id if kept is not None else ''
         if not handle.accepted:
             reason = 'the planner rejected the goal (its reason is on plan_rejections)'
-            self.get_logger().warning(f'{self.robot_id}: task {self._label(request)}: {reason}')
+            self.get_logger().warning(f'{self.robot_id}: task {self._label(kept)}: {reason}')
             self._publish_result(task_id, 'rejected', reason, self._queued_s)
             self._next()
             return
         self._goal_handle = handle
+        self._goal_uuid = bytes(handle.goal_id.uuid).hex()
         self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
         with self._received_lock:
             self._received.clear()
             self._streamed.clear()
+            self._segment_msgs.clear()
+            self._runs.clear()
+        self._save_journal()
         handle.get_result_async().add_done_callback(
             lambda result, handle=handle: self.result_callback(result, handle))
 
@@ -248,6 +366,7 @@ class RobotControllerNode(Node):
             self._received.add(key)
             if not key[2]:
                 self._streamed.append(segment.text)
+                self._segment_msgs.append(segment)
         self._active_goal_id = segment.goal_id
         self._segments.put(segment)
 
@@ -261,14 +380,14 @@ class RobotControllerNode(Node):
             # action server went away with the goal.
             self._planner_left(handle)
             return
-        request = self.tasks.active
+        kept = self.tasks.active
         result = response.result
         outcome = convert.outcome_of(response.status, result)
         log = self.get_logger().info if outcome == 'succeeded' else self.get_logger().warning
-        log(f'{self.robot_id}: task {self._label(request)} {outcome}'
+        log(f'{self.robot_id}: task {self._label(kept)} {outcome}'
             f'{f": {result.error}" if result.error else ""} ({result.segment_count} segments, '
             f'response {result.response_time_s:.2f} s, utility {result.utility:.2f})')
-        self._publish_result(request.task_id if request is not None else '', outcome,
+        self._publish_result(kept.request.task_id if kept is not None else '', outcome,
                              queued_s=self._queued_s, result=result)
         self._next()
 
@@ -287,6 +406,9 @@ class RobotControllerNode(Node):
                 self._abort(msg, msg.index, str(err), now, now)
                 continue
             run = self.skill_executor.execute(segment)
+            with self._received_lock:
+                self._runs[run.index] = convert.SegmentRun(run.start_time, run.end_time,
+                                                           run.success, run.error)
             for record in run.skills:
                 self.skills_pub.publish(convert.skill_record_to_msg(
                     self.robot_id, msg.goal_id, run.index, record, SkillExecution, Time))
@@ -308,9 +430,13 @@ class RobotControllerNode(Node):
 
     def destroy_node(self) -> None:
         dropped = self.tasks.drain()
-        if dropped:
-            self.get_logger().warning(f'{self.robot_id}: shutting down with {len(dropped)} '
-                                      f'queued tasks not started')
+        if dropped:     # a shutdown, not a crash: they end here, not in the next process
+            reason = 'the controller shut down before the task started'
+            self.get_logger().warning(f'{self.robot_id}: {reason}: {len(dropped)} queued '
+                                      'tasks end failed')
+            for kept in dropped:
+                self._publish_result(kept.request.task_id, 'failed', reason)
+        self._save_journal()
         self.robot.close()
         super().destroy_node()
 
@@ -352,6 +478,11 @@ def controller_parameters(node_name: str, default_kind: str
                                          INT, integer=(0, 4096))),
         ('fleet', '', describe("namespace of the fleet's planner, e.g. /fleet_a (empty: the "
                                "namespace above the robot's)", STR)),
+        ('state_dir', '', describe('folder of the task journal (empty: $ROS_HOME/timelyllm, '
+                                   '~/.ros/timelyllm by default)', STR)),
+        ('resume_within_s', 60.0, describe(
+            "a restarted controller takes up the journal's tasks that arrived at most this "
+            'long ago; older ones end failed', FLOAT, floating=(0.0, 86400.0))),
     )
 
 

@@ -20,7 +20,7 @@ from timelyllm_ros.core.task_record import (
     UNSET_STAMP_SEC,
     task_record_fields,
 )
-from timelyllm_ros.core.tuf import Tuf
+from timelyllm_ros.core.tuf import TUF_CLASSES, Tuf
 from timelyllm_ros.errors import GoalError, TimelyError
 from timelyllm_ros.evaluation.metrics import task_metrics
 from timelyllm_ros.language.plan import Statement
@@ -107,8 +107,56 @@ def task_record_to_msg(generation: Generation, task_id: str, cls: type, tuf_cls:
                        time_cls: type) -> Any:
     """An ended goal → its LRTrace ``TaskRecord`` (``task_id``: the sender's id, else the
     planner's); stamps that never happened are LRTrace's unset stamp."""
-    fields = task_record_fields(generation, task_id=task_id or None)
+    return _task_record_msg(task_record_fields(generation, task_id=task_id or None), cls,
+                            tuf_cls, time_cls)
 
+
+@dataclass(frozen=True, slots=True)
+class SegmentRun:
+    """How a robot ran one received segment (controller clock, seconds)."""
+
+    start_s: float
+    end_s: float
+    success: bool
+    error: str = ''
+
+
+def robot_task_record_to_msg(robot_id: str, profile: str, request: TaskRequest,
+                             default_urgency: str, sent_s: float,
+                             segments: Sequence[Any], runs: dict[int, SegmentRun],
+                             error: str, done_s: float, cls: type, tuf_cls: type,
+                             time_cls: type) -> Any:
+    """The ``TaskRecord`` a controller writes for a task whose planner left mid-plan (the
+    planner's own record went with it): what the robot saw, its received ``segments``
+    (Segment messages) and the ``runs`` of those it executed; token counts and generation
+    stamps are the planner's and stay empty or unset."""
+    urgency = request.urgency or default_urgency
+    tuf = request.tuf if request.tuf is not None else TUF_CLASSES[urgency]
+    nan = math.nan
+    texts = [str(msg.text) for msg in segments]
+    ran = [runs.get(int(msg.index)) for msg in segments]
+    fields = {
+        'robot_id': robot_id, 'task_id': request.task_id, 'profile': profile,
+        'task_class': urgency, 'task_type': '', 'task': request.task,
+        'tuf': {'ert_s': tuf.ert_s, 'alpha': tuf.alpha, 'beta': tuf.beta},
+        'arrival_stamp': sent_s, 'prompt_tokens': 0, 'task_tokens': 0,
+        'text': ''.join(texts), 'token_pieces': [], 'cut_tokens': [],
+        'cut_stamps': [seconds(msg.generated_stamp) for msg in segments],
+        'dispatch_stamps': [nan] * len(segments),
+        'start_stamps': [run.start_s if run else nan for run in ran],
+        'end_stamps': [run.end_s if run else nan for run in ran],
+        'estimated_execution_s': [float(msg.estimated_execution_s) for msg in segments],
+        'segment_texts': texts,
+        'segment_success': [bool(run and run.success) for run in ran],
+        'segment_errors': [run.error if run else '' for run in ran],
+        'status': TaskStatus.FAILED.name, 'finish_reason': '', 'error': error,
+        'suspensions': 0, 'preemptions': 0, 'done_stamp': done_s,
+    }
+    return _task_record_msg(fields, cls, tuf_cls, time_cls)
+
+
+def _task_record_msg(fields: dict[str, Any], cls: type, tuf_cls: type,
+                     time_cls: type) -> Any:
     def record_stamp(seconds_: float) -> Any:
         if math.isnan(seconds_):
             return time_cls(sec=UNSET_STAMP_SEC, nanosec=0)

@@ -53,6 +53,7 @@ from timelyllm_ros.nodes.parameters import (
     refuse_outside_choices,
 )
 from timelyllm_ros.nodes.spin import spin_until_shutdown
+from timelyllm_ros.nodes.task_journal import LOST_GOAL_PREFIX
 
 
 class PlannerNode(LifecycleNode):
@@ -407,11 +408,34 @@ class PlannerNode(LifecycleNode):
     def segment_done_callback(self, msg: SegmentDone) -> None:
         if self.service is None:
             return
+        if msg.goal_id.startswith(LOST_GOAL_PREFIX):
+            self._end_lost_goal(msg)
+            return
         task_id, index, start, end, success, error = convert.segment_done_from_msg(msg, 0.0)
         self.service.report_segment(task_id, index, start, end, success, error)
         events = self._goal_events.get(task_id)
         if events is not None:
             events.put(('reported', index, None))      # no need to send it again
+
+    def _end_lost_goal(self, msg: SegmentDone) -> None:
+        """A restarted controller lost this goal (named by its action goal UUID) with its
+        previous process: fail it with the controller's reason and report its result in the
+        controller's place. A goal already ended (its controller was seen leaving) is
+        ignored: its result was reported then."""
+        try:
+            key = bytes.fromhex(msg.goal_id[len(LOST_GOAL_PREFIX):])
+        except ValueError:
+            self.get_logger().warning(f'SegmentDone names no goal UUID: {msg.goal_id!r}')
+            return
+        task_id = self._tasks.get(key)
+        if task_id is None or self._robots.get(task_id) != msg.robot_id:
+            self.get_logger().info(f'{msg.robot_id}: a lost goal was already ended')
+            return
+        self.get_logger().warning(f'goal {task_id}: {msg.error}')
+        if self.service is not None:
+            self._orphans.add(task_id)
+            self.service.fail(task_id, msg.error or f'the controller of {msg.robot_id} '
+                                                    'lost the goal')
 
     def publish_state(self) -> None:
         if self.service is None:

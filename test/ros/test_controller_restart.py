@@ -1,0 +1,145 @@
+"""rclpy test of a controller killed mid-plan and restarted with its one documented command.
+
+The controller runs as its own process (``ros2 run timelyllm_ros drone_controller``), the
+planner and a probe in this one. The controller is killed (SIGKILL) while its robot executes
+the first of three tasks: the active task must end with one ``PlanResult`` (failed, with the
+reason) and a ``TaskRecord``; the two queued tasks, kept in the controller's task journal,
+must be taken up and served by the restarted process. Both timings are tried: a restart
+before the planner noticed the controller left (the new process reports the goal it lost),
+and one after (the planner already ended it).
+
+Needs a ROS 2 workspace where this package was built and installed with ``colcon build`` and
+its ``install/setup.bash`` sourced; skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+rclpy = pytest.importorskip('rclpy', reason='rclpy missing: run inside a ROS 2 workspace')
+pytest.importorskip('timelyllm_ros.msg',
+                    reason='interfaces not generated: colcon build this package first')
+
+from rclpy.executors import MultiThreadedExecutor  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from timelyllm_ros.msg import PlanResult, Segment, Task, TaskRecord  # noqa: E402
+
+from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
+from timelyllm_ros.nodes import convert  # noqa: E402
+from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E402
+
+pytestmark = pytest.mark.ros
+FLEET = '/crestart'
+ROBOT = 'cr_drone_0'
+TASKS = 3
+
+
+def _controller_process() -> subprocess.Popen:
+    """The README's restart command for a controller, in this test's fleet."""
+    if shutil.which('ros2') is None:
+        pytest.skip('ros2 is not on PATH: source the workspace (install/setup.bash)')
+    return subprocess.Popen(
+        ['ros2', 'run', 'timelyllm_ros', 'drone_controller', '--ros-args',
+         '-r', f'__ns:={FLEET}/{ROBOT}', '-p', f'robot_id:={ROBOT}'],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def until(condition, timeout_s: float, what: object) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f'timed out waiting for {what}'
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def fleet():
+    initialized = not rclpy.ok()
+    if initialized:
+        rclpy.init()
+    planner = PlannerNode(namespace=FLEET)
+    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    probe = rclpy.create_node('controller_restart_probe')
+    lock = threading.Lock()
+    seen: dict[str, list] = {'results': [], 'records': [], 'segments': []}
+
+    def keep(store: list):
+        def callback(msg) -> None:
+            with lock:
+                store.append(msg)
+        return callback
+
+    probe.create_subscription(PlanResult, f'{FLEET}/{ROBOT}/plan_results',
+                              keep(seen['results']), 50)
+    probe.create_subscription(TaskRecord, f'{FLEET}/task_records', keep(seen['records']), 50)
+    probe.create_subscription(Segment, f'{FLEET}/segments', keep(seen['segments']), 100)
+    publisher = probe.create_publisher(Task, f'{FLEET}/{ROBOT}/task', 50)
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    for node in (planner, probe):
+        executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    processes: list[subprocess.Popen] = []
+    try:
+        yield planner, publisher, seen, lock, processes
+    finally:
+        for process in processes:
+            _kill(process)
+        executor.shutdown()
+        for node in (planner, probe):
+            node.destroy_node()
+        if initialized:
+            rclpy.try_shutdown()
+
+
+@pytest.mark.parametrize('restart', ['at once', 'after the planner noticed'])
+def test_a_controller_killed_mid_plan_is_restarted_and_loses_no_task(fleet, restart):
+    planner, publisher, seen, lock, processes = fleet
+    book = load_trace_set().get(3).task          # mu(50);?iv('book')==True{tp()}: ~2.6 s
+    prefix = f'{restart.split()[0]}-'
+    processes.append(_controller_process())
+    until(lambda: publisher.get_subscription_count() > 0, 60.0, 'the controller')
+    for n in range(TASKS):
+        publisher.publish(convert.task_to_msg(convert.TaskRequest(book, f'{prefix}{n}'),
+                                              Task, None))
+    until(lambda: any(s.robot_id == ROBOT for s in list(seen['segments'])), 60.0,
+          'the first segment')
+    _kill(processes.pop())           # the robot executes task 0, tasks 1 and 2 wait
+    first = f'{prefix}0'
+    if restart != 'at once':
+        until(lambda: any(r.task_id == first for r in list(seen['results'])), 60.0,
+              'the planner to end the task of the controller that left')
+    processes.append(_controller_process())
+    expected = {f'{prefix}{n}' for n in range(TASKS)}
+    until(lambda: {r.task_id for r in list(seen['results'])} >= expected, 120.0,
+          ('every task to be reported', [(r.task_id, r.outcome) for r in seen['results']]))
+    until(lambda: {r.task_id for r in list(seen['records'])} >= expected, 30.0,
+          'a task record for every task')
+    time.sleep(1.0)                  # a second result would come within this
+    with lock:
+        results = [r for r in seen['results'] if r.task_id.startswith(prefix)]
+        records = {r.task_id: r for r in seen['records'] if r.task_id.startswith(prefix)}
+    by_task: dict[str, object] = {}
+    for result in results:
+        assert result.task_id not in by_task, f'{result.task_id} reported twice: {results}'
+        by_task[result.task_id] = result
+    lost = by_task[first]
+    assert lost.outcome == 'failed', lost
+    assert ('restarted' if restart == 'at once' else 'left the ROS graph') in lost.error, lost
+    assert lost.segment_count >= 1 and lost.plan, lost          # what had streamed
+    assert records[first].status == 'FAILED'
+    for n in range(1, TASKS):        # taken up from the journal by the new process
+        assert by_task[f'{prefix}{n}'].outcome == 'succeeded', by_task[f'{prefix}{n}']
+        assert records[f'{prefix}{n}'].status == 'FINISHED'
