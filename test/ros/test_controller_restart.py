@@ -37,17 +37,19 @@ from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E
 
 pytestmark = pytest.mark.ros
 FLEET = '/crestart'
-ROBOT = 'cr_drone_0'
+ROBOTS = {'at once': 'cr_drone_now', 'after the planner noticed': 'cr_drone_later'}
+# one robot per case: a killed controller's subscriptions stay in the graph until its DDS
+# lease ends, and a task published to a robot whose stale reader still counts would be lost
 TASKS = 3
 
 
-def _controller_process() -> subprocess.Popen:
+def _controller_process(robot: str) -> subprocess.Popen:
     """The README's restart command for a controller, in this test's fleet."""
     if shutil.which('ros2') is None:
         pytest.skip('ros2 is not on PATH: source the workspace (install/setup.bash)')
     return subprocess.Popen(
         ['ros2', 'run', 'timelyllm_ros', 'drone_controller', '--ros-args',
-         '-r', f'__ns:={FLEET}/{ROBOT}', '-p', f'robot_id:={ROBOT}'],
+         '-r', f'__ns:={FLEET}/{robot}', '-p', f'robot_id:={robot}'],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -82,18 +84,20 @@ def fleet():
                 store.append(msg)
         return callback
 
-    probe.create_subscription(PlanResult, f'{FLEET}/{ROBOT}/plan_results',
-                              keep(seen['results']), 50)
+    for robot in ROBOTS.values():
+        probe.create_subscription(PlanResult, f'{FLEET}/{robot}/plan_results',
+                                  keep(seen['results']), 50)
     probe.create_subscription(TaskRecord, f'{FLEET}/task_records', keep(seen['records']), 50)
     probe.create_subscription(Segment, f'{FLEET}/segments', keep(seen['segments']), 100)
-    publisher = probe.create_publisher(Task, f'{FLEET}/{ROBOT}/task', 50)
+    publishers = {robot: probe.create_publisher(Task, f'{FLEET}/{robot}/task', 50)
+                  for robot in ROBOTS.values()}
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     for node in (planner, probe):
         executor.add_node(node)
     threading.Thread(target=executor.spin, daemon=True).start()
     processes: list[subprocess.Popen] = []
     try:
-        yield planner, publisher, seen, lock, processes
+        yield planner, publishers, seen, lock, processes
     finally:
         for process in processes:
             _kill(process)
@@ -106,22 +110,24 @@ def fleet():
 
 @pytest.mark.parametrize('restart', ['at once', 'after the planner noticed'])
 def test_a_controller_killed_mid_plan_is_restarted_and_loses_no_task(fleet, restart):
-    planner, publisher, seen, lock, processes = fleet
+    planner, publishers, seen, lock, processes = fleet
+    robot = ROBOTS[restart]
+    publisher = publishers[robot]
     book = load_trace_set().get(3).task          # mu(50);?iv('book')==True{tp()}: ~2.6 s
     prefix = f'{restart.split()[0]}-'
-    processes.append(_controller_process())
+    processes.append(_controller_process(robot))
     until(lambda: publisher.get_subscription_count() > 0, 60.0, 'the controller')
     for n in range(TASKS):
         publisher.publish(convert.task_to_msg(convert.TaskRequest(book, f'{prefix}{n}'),
                                               Task, None))
-    until(lambda: any(s.robot_id == ROBOT for s in list(seen['segments'])), 60.0,
+    until(lambda: any(s.robot_id == robot for s in list(seen['segments'])), 60.0,
           'the first segment')
     _kill(processes.pop())           # the robot executes task 0, tasks 1 and 2 wait
     first = f'{prefix}0'
     if restart != 'at once':
         until(lambda: any(r.task_id == first for r in list(seen['results'])), 60.0,
               'the planner to end the task of the controller that left')
-    processes.append(_controller_process())
+    processes.append(_controller_process(robot))
     expected = {f'{prefix}{n}' for n in range(TASKS)}
     until(lambda: {r.task_id for r in list(seen['results'])} >= expected, 120.0,
           ('every task to be reported', [(r.task_id, r.outcome) for r in seen['results']]))

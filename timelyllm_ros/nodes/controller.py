@@ -196,7 +196,7 @@ class RobotControllerNode(Node):
                                      f'{age_s:.0f} s before, more than resume_within_s '
                                      f'({limit_s:g} s)')
                 continue
-            self._offer(kept, time.monotonic() - age_s)
+            self._offer(kept, age_s)
             taken += 1
         self.get_logger().warning(
             f"{self.robot_id}: restarted: took up {taken} of the journal's tasks; "
@@ -221,13 +221,14 @@ class RobotControllerNode(Node):
                                     f'{f" (task {task_id})" if task_id else ""}: {err}')
             self._publish_result(task_id, 'refused', f'invalid task: {err}')
             return
-        self._offer(KeptTask(request, time.time()), time.monotonic())
+        self._offer(KeptTask(request, time.time()))
         self._save_journal()
 
-    def _offer(self, kept: KeptTask, arrived: float) -> None:
-        """Start, queue or refuse a task that arrived at monotonic time ``arrived``."""
+    def _offer(self, kept: KeptTask, waited_s: float = 0.0) -> None:
+        """Start, queue or refuse a task that has waited ``waited_s`` already (one taken up
+        from the journal)."""
         request = kept.request
-        admission = self.tasks.offer(kept, arrived)
+        admission = self.tasks.offer(kept, time.monotonic() - waited_s)
         if admission.outcome == 'refused':
             reason = (f'task queue full ({admission.waiting} waiting, '
                       f'max_queued_tasks {self.tasks.max_waiting})')
@@ -241,7 +242,7 @@ class RobotControllerNode(Node):
                 f'{self._label(kept)} queued ({admission.position} of '
                 f'{self.tasks.max_waiting})')
         else:
-            self._start(kept, max(0.0, time.monotonic() - arrived))
+            self._start(kept, waited_s)
 
     def _start(self, kept: KeptTask | None, queued_s: float) -> None:
         """Send the plan goal of the active task. With no planner action server up the task
