@@ -52,6 +52,10 @@ from timelyllm_ros.policies.base import Eviction, Policy
 
 logger = logging.getLogger(__name__)
 
+MISSED_REPORT = 'robot did not report segment'
+"""Start of the error of a goal ended because its robot missed a report deadline (the
+robot, or its controller, may be gone)."""
+
 NO_SKILL_ERROR = 'no executable skill in the LLM output'
 
 
@@ -321,8 +325,7 @@ class Scheduler:
                     or index >= len(generation.segments)
                     or not math.isnan(generation.segments[index].end_time)):
                 continue                    # reported (or ended) since the deadline was set
-            self._end(generation, TaskStatus.FAILED,
-                      f'robot did not report segment {index} in time')
+            self._end(generation, TaskStatus.FAILED, f'{MISSED_REPORT} {index} in time')
             ended.append(generation)
         return ended
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import rclpy
@@ -29,6 +30,7 @@ from rclpy.qos import qos_profile_sensor_data
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.scheduler import MISSED_REPORT
 from timelyllm_ros.engines import ENGINES, parse_engine_options
 from timelyllm_ros.errors import TimelyError
 from timelyllm_ros.live.service import PlannerService
@@ -88,6 +90,9 @@ class PlannerNode(LifecycleNode):
         self._goal_events: dict[str, _GoalEvents] = {}   # active task id -> its events
         self._orphans: set[str] = set()        # tasks failed because their controller left
         self._robot_results: dict[str, object] = {}   # robot id -> its plan_results publisher
+        # Goals that ended failed with no PlanResult published by the planner: their result
+        # may have gone to a dead client (a killed controller not noticed yet).
+        self._unconfirmed: OrderedDict[bytes, _EndedGoal] = OrderedDict()
         self._answers = threading.Lock()       # paces goal responses (goal_callback)
         self._answer_tokens = float(ANSWER_BURST)
         self._answered_at = time.monotonic()
@@ -354,6 +359,8 @@ class PlannerNode(LifecycleNode):
             if task_id in self._orphans:
                 self._orphans.discard(task_id)
                 self._report_for_gone_controller(goal_handle.request, result)
+            elif result.error.startswith(MISSED_REPORT):     # its controller may be gone
+                self._remember_unconfirmed(goal_handle, result)
             self._pace()                        # the result is an answer too
             if generation.status == TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
                 goal_handle.canceled()          # else a failure keeps its own outcome
@@ -389,11 +396,38 @@ class PlannerNode(LifecycleNode):
         except Exception as err:  # noqa: BLE001 - a robot id that is no topic name: logged
             self.get_logger().warning(f'no PlanResult for {robot_id}: {err}')
 
+    def _remember_unconfirmed(self, goal_handle, result) -> None:  # type: ignore[no-untyped-def]
+        """Keep the result of a goal whose robot missed a report a while: if its controller
+        turns out to be gone (it left the graph, or restarted and names the goal as lost), the
+        planner reports it in its place."""
+        key = bytes(goal_handle.goal_id.uuid)
+        self._unconfirmed[key] = _EndedGoal(goal_handle.request, result, time.monotonic())
+        while len(self._unconfirmed) > MAX_UNCONFIRMED:
+            self._unconfirmed.popitem(last=False)
+
+    def _report_unconfirmed(self, key: bytes) -> bool:
+        ended = self._unconfirmed.pop(key, None)
+        if ended is None:
+            return False
+        self._report_for_gone_controller(ended.request, ended.result)
+        return True
+
     def watch_controllers(self) -> None:
         """Fail the goals of a robot whose controller node was up and has left the graph
-        (killed, crashed): nobody will execute or report their segments."""
+        (killed, crashed): nobody will execute or report their segments. Goals of that robot
+        that failed shortly before (a missed report deadline comes before DDS notices a killed
+        process) get their result reported too."""
         present = {namespace.rsplit('/', 1)[-1] for name, namespace in
                    self.get_node_names_and_namespaces() if name == 'controller'}
+        now = time.monotonic()
+        for key, ended in list(self._unconfirmed.items()):
+            robot_id = ended.request.robot_id
+            if now - ended.ended_at > UNCONFIRMED_KEEP_S:
+                del self._unconfirmed[key]
+            elif robot_id in self._controllers_seen and robot_id not in present:
+                self.get_logger().warning(f'{robot_id}: its controller left the ROS graph '
+                                          'after a goal of it failed: result reported')
+                self._report_unconfirmed(key)
         self._controllers_seen |= present
         for task_id, robot_id in list(self._robots.items()):
             if robot_id in self._controllers_seen and robot_id not in present:
@@ -429,7 +463,13 @@ class PlannerNode(LifecycleNode):
             return
         task_id = self._tasks.get(key)
         if task_id is None or self._robots.get(task_id) != msg.robot_id:
-            self.get_logger().info(f'{msg.robot_id}: a lost goal was already ended')
+            ended = self._unconfirmed.get(key)
+            if ended is not None and ended.request.robot_id == msg.robot_id:
+                self.get_logger().warning(f'{msg.robot_id}: {msg.error}: the result of its '
+                                          'failed goal is reported')
+                self._report_unconfirmed(key)
+            else:
+                self.get_logger().info(f'{msg.robot_id}: a lost goal was already reported')
             return
         self.get_logger().warning(f'goal {task_id}: {msg.error}')
         if self.service is not None:
@@ -553,6 +593,22 @@ requests before the action server is destroyed (s)."""
 
 ABORT_WAIT_S = 5.0
 """Longest wait for aborted goals to end when deactivating (s)."""
+
+@dataclass(frozen=True, slots=True)
+class _EndedGoal:
+    """A goal that failed on a missed report: its result may have gone to a dead client."""
+
+    request: Any
+    result: Any
+    ended_at: float
+
+
+MAX_UNCONFIRMED = 4096
+"""Failed goals whose results the planner keeps until their controllers are known to be up."""
+
+UNCONFIRMED_KEEP_S = 60.0
+"""How long (s) a failed goal's result waits for news that its controller was gone: longer
+than a DDS liveliness lease, and than a controller's restart."""
 
 CONTROLLER_WATCH_S = 1.0
 """How often the planner looks for controllers that left the ROS graph (s)."""
