@@ -6,7 +6,8 @@ the first of three tasks: the active task must end with one ``PlanResult`` (fail
 reason) and a ``TaskRecord``; the two queued tasks, kept in the controller's task journal,
 must be taken up and served by the restarted process. Both timings are tried: a restart
 at once (the new process names the goal it lost, unless the planner ended it already), and
-one after the planner reported the task without any restart (the controller left the graph).
+one after the goal ended on the planner (its missed report deadline, or the controller seen
+leaving the graph): the planner reports the kept result then, once.
 
 Needs a ROS 2 workspace where this package was built and installed with ``colcon build`` and
 its ``install/setup.bash`` sourced; skipped otherwise.
@@ -37,7 +38,8 @@ from timelyllm_ros.nodes.planner import EXECUTOR_THREADS, PlannerNode  # noqa: E
 
 pytestmark = pytest.mark.ros
 FLEET = '/crestart'
-ROBOTS = {'at once': 'cr_drone_now', 'after the planner noticed': 'cr_drone_later'}
+ROBOTS = {'at once': 'cr_drone_now', 'after the goal ended': 'cr_drone_later'}
+RESTART_LATE_S = 20.0
 # one robot per case: a killed controller's subscriptions stay in the graph until its DDS
 # lease ends, and a task published to a robot whose stale reader still counts would be lost
 TASKS = 3
@@ -108,7 +110,7 @@ def fleet():
             rclpy.try_shutdown()
 
 
-@pytest.mark.parametrize('restart', ['at once', 'after the planner noticed'])
+@pytest.mark.parametrize('restart', list(ROBOTS))
 def test_a_controller_killed_mid_plan_is_restarted_and_loses_no_task(fleet, restart):
     planner, publishers, seen, lock, processes = fleet
     robot = ROBOTS[restart]
@@ -125,8 +127,9 @@ def test_a_controller_killed_mid_plan_is_restarted_and_loses_no_task(fleet, rest
     _kill(processes.pop())           # the robot executes task 0, tasks 1 and 2 wait
     first = f'{prefix}0'
     if restart != 'at once':
-        until(lambda: any(r.task_id == first for r in list(seen['results'])), 60.0,
-              'the planner to end the task of the controller that left')
+        # past the robot's report deadline and the DDS lease: the planner has ended the goal
+        # (the result went to the dead client, or was published when the node was seen gone)
+        time.sleep(RESTART_LATE_S)
     processes.append(_controller_process(robot))
     expected = {f'{prefix}{n}' for n in range(TASKS)}
     until(lambda: {r.task_id for r in list(seen['results'])} >= expected, 120.0,
