@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from utils import make_scheduler, make_spec, tiny_calibration
 
@@ -274,3 +275,27 @@ def test_prompt_larger_than_kv_in_simulation() -> None:
     [generation] = result.generations
     assert generation.status == TaskStatus.FAILED
     assert 'does not fit in the engine KV memory' in generation.error
+
+
+def test_best_rows_gives_the_order_of_repeated_argmax_with_the_earlier_queued_first():
+    from timelyllm_ros.core.queue import best_rows
+    rng = np.random.default_rng(3)
+    for n, k in ((1, 1), (7, 3), (50, 50), (200, 17), (200, 400)):
+        priorities = rng.integers(-3, 4, n).astype(float)     # many ties
+        priorities[rng.integers(0, n, 2)] = -np.inf
+        seq = rng.permutation(n).astype(float)
+        expected, left = [], list(range(n))
+        while left and len(expected) < min(k, n):
+            best = max(left, key=lambda r: (priorities[r], -seq[r]))
+            expected.append(best)
+            left.remove(best)
+        got = list(best_rows(priorities, seq, k))
+        assert got[:len(expected)] == expected
+        tied = priorities[expected[-1]]
+        assert all(priorities[r] == tied for r in got[len(expected):])   # the k-th's ties
+
+
+def test_a_nan_priority_ranks_as_minus_infinity():
+    from timelyllm_ros.core.queue import best_rows
+    rows = best_rows(np.array([np.nan, 1.0, -np.inf]), np.array([0.0, 1.0, 2.0]), 3)
+    assert list(rows) == [1, 0, 2]      # as -inf: tied with row 2, queued earlier

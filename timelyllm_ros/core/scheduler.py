@@ -34,7 +34,7 @@ from timelyllm_ros.core.admission import BATCH_MODES, AdmissionContext, BatchMod
 from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.core.plan_requests import ProfileCache, task_request
-from timelyllm_ros.core.queue import GenerationQueue
+from timelyllm_ros.core.queue import GenerationQueue, best_rows
 from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
 from timelyllm_ros.engines.base import Engine, EngineView, StepResult
 from timelyllm_ros.errors import (
@@ -428,12 +428,15 @@ class Scheduler:
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
         ctx = replace(ctx, ranked=view)
         seq = view.seq
+        candidates: list[Generation] = []
         while n > 0 and len(self._running) < cap:
-            row = int(np.argmax(priorities[:n]))
-            ties = np.flatnonzero(priorities[:n] == priorities[row])
-            if len(ties) > 1:
-                row = int(ties[np.argmin(seq[ties])])
-            candidate = self.queue.at(row)
+            if not candidates:
+                # The best rows for the free slots, best last (popped): a partial sort, not
+                # a scan of the whole queue per admission.
+                candidates = [self.queue.at(int(r)) for r in
+                              best_rows(priorities[:n], seq[:n], cap - len(self._running))[::-1]]
+            candidate = candidates.pop()
+            row = self.queue.row_of(candidate.task_id)
             try:
                 admit = self.policy.admit(candidate, ctx)   # may ask the engine (can_run)
                 fits_alone = admit or bool(self._running) or self.engine.fits_when_idle(
