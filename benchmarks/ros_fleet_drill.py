@@ -213,7 +213,7 @@ def main() -> int:
             figures['controllers_killed'] = kill('__ns:=/drone_1')
             restarted.append(spawn(
                 ['ros2', 'run', 'timelyllm_ros', 'drone_controller', '--ros-args',
-                 '-r', '__ns:=/drone_1', '-p', 'robot_id:=drone_1',
+                 '-r', '__ns:=/drone_1',
                  '-p', f'backend:={args.backend}', '-p', f'use_sim_time:={sim}'],
                 out / 'drone_1-restarted.log'))
             # 2. the planner killed while plans execute

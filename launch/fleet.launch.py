@@ -28,7 +28,7 @@ the namespace above its own, so any node restarts with one command and no remaps
     ros2 run timelyllm_ros planner --ros-args -r __ns:=/<fleet> -p autostart:=true \
         [-p engine:=... the same planner arguments]
     ros2 run timelyllm_ros drone_controller --ros-args -r __ns:=/<fleet>/drone_0 \
-        -p robot_id:=drone_0 [-p backend:=emulator]
+        [-p backend:=emulator]     # node name and robot id come from the namespace
 
 (A restarted planner with ``autostart`` also receives this launch file's ACTIVATE: it is
 refused with a warning, the planner stays active.) Send a

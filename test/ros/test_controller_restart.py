@@ -51,7 +51,7 @@ def _controller_process(robot: str) -> subprocess.Popen:
         pytest.skip('ros2 is not on PATH: source the workspace (install/setup.bash)')
     return subprocess.Popen(
         ['ros2', 'run', 'timelyllm_ros', 'drone_controller', '--ros-args',
-         '-r', f'__ns:={FLEET}/{robot}', '-p', f'robot_id:={robot}'],
+         '-r', f'__ns:={FLEET}/{robot}'],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -6,4 +6,4 @@ from timelyllm_ros.nodes.controller import run
 
 
 def main(args: list[str] | None = None) -> None:
-    run('arm_controller', 'indy7', args)
+    run('controller', 'indy7', args)

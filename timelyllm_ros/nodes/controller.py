@@ -20,6 +20,8 @@ action, ``segment_done``, ``skill_executions``) are the fleet's, the namespace a
 robot's (:func:`fleet_name`: ``/drone_0`` -> ``/plan``, ``/fleet_a/drone_0`` ->
 ``/fleet_a/plan``; the ``fleet`` parameter overrides it), so a controller restarts with one
 command and no remaps (see the README); stamps come from the node clock.
+Every executable names its node ``controller``, as the launch file does, so a controller
+restarted by hand keeps its journal and is the node the planner watches.
 ``drone_controller`` and ``arm_controller`` are this node with a different default robot kind
 (tello, indy7); ``controller`` is this node for a robot of any kind, named by its
 ``robot_kind`` parameter (a profile name): the profile's robot kind
@@ -86,7 +88,9 @@ class RobotControllerNode(Node):
         super().__init__(node_name, **node_options)
         self.add_on_set_parameters_callback(refuse_outside_choices(
             {'backend': BACKENDS, 'urgency': TUF_CLASSES}))
-        for name, default, descriptor in controller_parameters(node_name, default_kind):
+        # the robot id defaults to the robot's namespace (/fleet_a/drone_0 -> drone_0)
+        robot_id = self.get_namespace().rstrip('/').rsplit('/', 1)[-1] or node_name
+        for name, default, descriptor in controller_parameters(robot_id, default_kind):
             self.declare_parameter(name, default, descriptor)
         param = self.get_parameter
         self.robot_id = param('robot_id').value
@@ -106,6 +110,8 @@ class RobotControllerNode(Node):
         fleet = given.rstrip('/') + '/' if given else self.get_namespace()
         self.plan_client = SafeActionClient(self, PlanTask, fleet_name(fleet, PLAN_ACTION),
                                             callback_group=group)
+        self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
+        self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
         self.done_pub = self.create_publisher(SegmentDone, fleet_name(fleet, 'segment_done'),
                                               reliable(ACTION_QUEUE_DEPTH))
         self.skills_pub = self.create_publisher(SkillExecution,
@@ -274,8 +280,19 @@ class RobotControllerNode(Node):
             self.get_logger().info(f'{self.robot_id}: a planner is up: sending task '
                                    f'{self._label(self._unsent)}')
             self._start(self._unsent, self._queued_s)
-        elif self._goal_handle is not None and not ready:
+        elif self._goal_handle is not None and (not ready or self._serving_planner_gone()):
             self._planner_left(self._goal_handle)
+
+    def _planner_endpoints(self) -> set[tuple[int, ...]]:
+        """GIDs of the action's feedback publishers: one per planner process."""
+        return {tuple(info.endpoint_gid)
+                for info in self.get_publishers_info_by_topic(self._feedback_topic)}
+
+    def _serving_planner_gone(self) -> bool:
+        """Whether the planner process that accepted the active goal left the graph, even if
+        another one serves the action now (a planner restarted within a DDS lease looks
+        ready throughout, and the goal it held would wait for a result forever)."""
+        return bool(self._serving) and not (self._serving & self._planner_endpoints())
 
     def _report_lost_goals(self) -> None:
         """Tell the planner which of its goals a previous process of this controller held
@@ -348,6 +365,7 @@ class RobotControllerNode(Node):
             return
         self._goal_handle = handle
         self._goal_uuid = bytes(handle.goal_id.uuid).hex()
+        self._serving = self._planner_endpoints()
         self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
         with self._received_lock:
             self._received.clear()
@@ -384,10 +402,16 @@ class RobotControllerNode(Node):
         kept = self.tasks.active
         result = response.result
         outcome = convert.outcome_of(response.status, result)
-        log = self.get_logger().info if outcome == 'succeeded' else self.get_logger().warning
-        log(f'{self.robot_id}: task {self._label(kept)} {outcome}'
-            f'{f": {result.error}" if result.error else ""} ({result.segment_count} segments, '
-            f'response {result.response_time_s:.2f} s, utility {result.utility:.2f})')
+        line = (f'{self.robot_id}: task {self._label(kept)} {outcome}'
+                f'{f": {result.error}" if result.error else ""} ({result.segment_count} '
+                f'segments, response {result.response_time_s:.2f} s, utility '
+                f'{result.utility:.2f})')
+        # one call site per severity: rclpy raises "Logger severity cannot be changed between
+        # calls" when one line logs at two severities (it killed a controller mid-run)
+        if outcome == 'succeeded':
+            self.get_logger().info(line)
+        else:
+            self.get_logger().warning(line)
         self._publish_result(kept.request.task_id if kept is not None else '', outcome,
                              queued_s=self._queued_s, result=result)
         self._next()
@@ -430,13 +454,18 @@ class RobotControllerNode(Node):
             self.robot_id, msg.goal_id, index, start, end, False, error, SegmentDone, Time))
 
     def destroy_node(self) -> None:
-        dropped = self.tasks.drain()
-        if dropped:     # a shutdown, not a crash: they end here, not in the next process
+        _, waiting = self.tasks.snapshot()
+        if waiting and self.context.ok():
+            # stopped from inside (not Ctrl-C, which shuts the context down first): the queued
+            # tasks end here, with their results
             reason = 'the controller shut down before the task started'
-            self.get_logger().warning(f'{self.robot_id}: {reason}: {len(dropped)} queued '
+            self.get_logger().warning(f'{self.robot_id}: {reason}: {len(waiting)} queued '
                                       'tasks end failed')
-            for kept in dropped:
+            for kept in self.tasks.drain():
                 self._publish_result(kept.request.task_id, 'failed', reason)
+        elif waiting:   # nothing can be published any more: the next start takes them up
+            print(f'{self.robot_id}: shutting down with {len(waiting)} queued tasks, kept in '
+                  f'{self.journal.path} for the next start', flush=True)
         self._save_journal()
         self.robot.close()
         super().destroy_node()
@@ -460,12 +489,12 @@ RESULTS_DEPTH_SPARE = 16
 """Depth of the task and result topics beyond ``max_queued_tasks``."""
 
 
-def controller_parameters(node_name: str, default_kind: str
+def controller_parameters(robot_id: str, default_kind: str
                           ) -> tuple[tuple[str, object, ParameterDescriptor], ...]:
     """The controller's parameters, with their ranges; those that need a restart are
     read-only."""
     return (
-        ('robot_id', node_name, describe('the robot id goals carry (the planner expects the '
+        ('robot_id', robot_id, describe('the robot id goals carry (the planner expects the '
                                          "controller's namespace)", STR)),
         ('robot_kind', default_kind, describe('robot profile name (tello, indy7, ...)', STR)),
         ('backend', 'sim', describe(f'robot backend: {" | ".join(BACKENDS)}', STR)),

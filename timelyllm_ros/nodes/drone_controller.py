@@ -6,4 +6,4 @@ from timelyllm_ros.nodes.controller import run
 
 
 def main(args: list[str] | None = None) -> None:
-    run('drone_controller', 'tello', args)
+    run('controller', 'tello', args)
