@@ -112,6 +112,7 @@ class RobotControllerNode(Node):
                                             callback_group=group)
         self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
         self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
+        self._sent: tuple | None = None   # (future, planner endpoints, task) not answered
         self.done_pub = self.create_publisher(SegmentDone, fleet_name(fleet, 'segment_done'),
                                               reliable(ACTION_QUEUE_DEPTH))
         self.skills_pub = self.create_publisher(SkillExecution,
@@ -268,6 +269,7 @@ class RobotControllerNode(Node):
                                    self.get_parameter('urgency').value, PlanTask.Goal,
                                    TimeUtility)
         future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
+        self._sent = (future, self._planner_endpoints(), kept)
         future.add_done_callback(self.goal_response_callback)
 
     def watch_planner(self) -> None:
@@ -276,6 +278,15 @@ class RobotControllerNode(Node):
         ready = self.plan_client.server_is_ready()
         if self._lost_goals and ready:
             self._report_lost_goals()
+        sent = self._sent
+        if sent is not None and sent[1] and not (sent[1] & self._planner_endpoints()):
+            # Sent to a planner that died before answering (a killed planner still looks
+            # ready until its DDS lease ends): the request died with it; send it again.
+            self._sent = None
+            self.get_logger().warning(f'{self.robot_id}: the planner left before answering '
+                                      f'task {self._label(sent[2])}: sending it again')
+            self._start(sent[2], self._queued_s)
+            return
         if self._unsent is not None and ready:
             self.get_logger().info(f'{self.robot_id}: a planner is up: sending task '
                                    f'{self._label(self._unsent)}')
@@ -355,6 +366,11 @@ class RobotControllerNode(Node):
 
     def goal_response_callback(self, future) -> None:  # type: ignore[no-untyped-def]
         handle = future.result()
+        if self._sent is None or self._sent[0] is not future:
+            if handle.accepted:     # a request given up for lost was answered after all
+                handle.cancel_goal_async()
+            return
+        self._sent = None
         kept = self.tasks.active
         task_id = kept.request.task_id if kept is not None else ''
         if not handle.accepted:
