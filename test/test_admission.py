@@ -233,7 +233,7 @@ def test_a_lost_candidate_joins_a_batch_whose_most_urgent_is_late() -> None:
 
 
 def test_policy_counts_lost_goals_once_per_decision_like_the_scalar_test() -> None:
-    from timelyllm_ros.policies.timelyllm import lost_slopes
+    from timelyllm_ros.core.admission import lost_slopes
 
     engine = _engine(max_num_seqs=64)
     scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock(),
@@ -247,3 +247,26 @@ def test_policy_counts_lost_goals_once_per_decision_like_the_scalar_test() -> No
     assert 0 < len(expected) < 12
     total, count = lost_slopes(scheduler.queue.view(COMM), 1.3)
     assert count == len(expected) and total == pytest.approx(sum(expected))
+
+
+def test_the_lost_tally_follows_the_queue_through_an_admission_round() -> None:
+    from timelyllm_ros.core.admission import LostTally, lost_slopes
+
+    engine = _engine(max_num_seqs=64)
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock(),
+                          SchedulerConfig(report_deadlines=False))
+    for i in range(30):
+        scheduler.submit(make_spec(f't{i}', task_class='urgent' if i % 3 else 'normal',
+                                   arrival=0.05 * i, prompt_tokens=10))
+    now = 1.4
+    view = scheduler.queue.view(COMM)
+    tally = LostTally(view, now, lambda: len(scheduler.queue))
+    tally.taken(scheduler.queue.at(0))            # before the first question: nothing kept
+    total, count = tally.slopes()
+    assert 0 < count < 30
+    for task_id in [g.task_id for g in scheduler.queue.generations][::3]:
+        generation = scheduler.queue.remove(task_id)
+        tally.taken(generation)
+        fresh = lost_slopes(view, now, len(scheduler.queue))
+        assert tally.slopes()[1] == fresh[1]
+        assert tally.slopes()[0] == pytest.approx(fresh[0], abs=1e-9)

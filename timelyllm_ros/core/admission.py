@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, overload
 
-from timelyllm_ros.core.queue import QueueView
+import numpy as np
+
+from timelyllm_ros.core.queue import Column, QueueView
 from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import EngineView
 
@@ -68,6 +70,8 @@ class AdmissionContext:
     ranked: QueueView | None = None             # the queue as this decision ranked it (its
                                                 # first len(queued) rows are still queued);
                                                 # None outside an admission round
+    lost_tally: LostTally | None = None         # the queue's lost goals, kept up to date
+                                                # within an admission round
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -82,16 +86,33 @@ def budget_s(generation: Generation, ctx: AdmissionContext) -> float:
     return generation.need_time + generation.ert_s - ctx.now - ctx.comm_s
 
 
-def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> float:
-    """Time left before the segment being generated can earn no utility any more.
+@overload
+def zero_utility_budgets(ref: float, ert: float, beta: float, alpha: float, now: float,
+                         comm_s: float) -> float: ...
+@overload
+def zero_utility_budgets(ref: Column, ert: Column, beta: Column, alpha: Column, now: float,
+                         comm_s: float) -> Column: ...
+def zero_utility_budgets(ref, ert, beta, alpha, now, comm_s):  # type: ignore[no-untyped-def]
+    """Time left before a segment can earn no utility any more, for one segment or a queue's
+    columns (the one formula of the lost-goal rule).
 
     The zero-utility time of the governing TUF (TUF₀ for k = 0, TUF₁ with ERT 0 for k ≥ 1,
-    :mod:`timelyllm_ros.core.tuf`), counted from when the robot needs the segment, less the time to
-    reach the robot: ``need + zero − now − comm`` (``inf`` for a flat TUF).
+    :mod:`timelyllm_ros.core.tuf`) is ``ert − β/α`` after ``ref``, when the robot needs the
+    segment; less the time to reach the robot: ``ref + ert − β/α − now − comm`` (``inf`` for
+    a flat TUF, α = 0).
     """
+    steep = np.less(alpha, 0.0)
+    slope_term = np.divide(beta, alpha, out=np.full(np.shape(alpha), -np.inf), where=steep)
+    budget = ref + ert - slope_term - now - comm_s
+    return float(budget) if np.ndim(budget) == 0 else budget
+
+
+def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> float:
+    """Time left before the segment being generated can earn no utility any more
+    (:func:`zero_utility_budgets`)."""
     tuf = generation.spec.tuf
-    zero = tuf.zero_s if generation.k == 0 else tuf.zero_s - tuf.ert_s
-    return generation.need_time + zero - ctx.now - ctx.comm_s
+    return zero_utility_budgets(generation.need_time, generation.ert_s, tuf.beta, tuf.alpha,
+                                ctx.now, ctx.comm_s)
 
 
 def lost(generation: Generation, ctx: AdmissionContext) -> bool:
@@ -100,16 +121,55 @@ def lost(generation: Generation, ctx: AdmissionContext) -> bool:
     return zero_utility_budget_s(generation, ctx) <= 0.0
 
 
-def queue_loss_rate(ctx: AdmissionContext, lost_slopes: tuple[float, int] | None = None
-                    ) -> float:
+def lost_slopes(queue: QueueView, now: float, rows: int | None = None) -> LostSlopes:
+    """``(Σ −α, count)`` over the queued segments past their zero-utility time (the first
+    ``rows`` of the view: the queue swap-removes, so they are the ones still queued), the
+    rule of :func:`lost` vectorised over the queue."""
+    n = len(queue) if rows is None else rows
+    alpha = queue.alpha[:n]
+    late = (alpha < 0.0) & (zero_utility_budgets(queue.ref_time[:n], queue.ert[:n],
+                                                 queue.beta[:n], alpha, now,
+                                                 queue.comm_s) <= 0.0)
+    return float(-alpha[late].sum()), int(late.sum())
+
+
+class LostTally:
+    """The lost queued goals' ``(Σ −α, count)`` through one admission round: computed over
+    the queue at the first question (most decisions never ask: only once the most urgent
+    running goal is late), then kept as the round takes generations out of the queue, so a
+    decision of k admissions scans the queue at most once."""
+
+    def __init__(self, view: QueueView, now: float, rows: Callable[[], int]) -> None:
+        self._view, self._now, self._rows = view, now, rows
+        self._slopes: LostSlopes | None = None
+
+    def slopes(self) -> LostSlopes:
+        if self._slopes is None:
+            self._slopes = lost_slopes(self._view, self._now, self._rows())
+        return self._slopes
+
+    def taken(self, generation: Generation) -> None:
+        """``generation`` left the queue during the round."""
+        if self._slopes is None:
+            return
+        tuf = generation.spec.tuf
+        if tuf.alpha < 0.0 and zero_utility_budgets(
+                generation.need_time, generation.ert_s, tuf.beta, tuf.alpha, self._now,
+                self._view.comm_s) <= 0.0:
+            total, count = self._slopes
+            self._slopes = (total + tuf.alpha, count - 1)
+
+
+def queue_loss_rate(ctx: AdmissionContext, lost_slopes: LostSlopes | None = None) -> float:
     """Utility per second lost by the queued goals past their zero-utility time that could
     join the batch now: ``mean(−α) · min(count, free batch slots)``.
 
     Args:
-        ctx: the admission context (its queue is scanned unless ``lost_slopes`` is given).
-        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known
-            (a policy computes it once per decision, vectorised over the queue).
+        ctx: the admission context: its round's :class:`LostTally`, else its queue, scanned.
+        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known.
     """
+    if lost_slopes is None and ctx.lost_tally is not None:
+        lost_slopes = ctx.lost_tally.slopes()
     if lost_slopes is None:
         slopes = [-g.spec.tuf.alpha for g in ctx.queued if lost(g, ctx)]
         lost_slopes = (sum(slopes), len(slopes))
@@ -161,8 +221,7 @@ def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
     return cost
 
 
-def latency_guided(candidate: Generation, ctx: AdmissionContext,
-                   lost_slopes: LostSlopes | Callable[[], LostSlopes] | None = None) -> bool:
+def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -179,9 +238,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
 
     Args:
         candidate: the best queued generation.
-        ctx: the admission context.
-        lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known, or
-            a function that computes it (called only once a deadline is missed).
+        ctx: the admission context (the lost queued goals: its :class:`LostTally`).
     """
     if not ctx.running:
         return True
@@ -196,7 +253,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     if budget > 0:
         return wcet_s(most_urgent, extra, size + 1, ctx) <= budget
     wait = wcet_s(most_urgent, 0.0, size, ctx)
-    gain = wait * queue_loss_rate(ctx, lost_slopes() if callable(lost_slopes) else lost_slopes)
+    gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
     return delay_cost(extra, ctx) <= gain

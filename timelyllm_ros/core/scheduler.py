@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from timelyllm_ros.core.admission import BATCH_MODES, AdmissionContext, BatchMode
+from timelyllm_ros.core.admission import BATCH_MODES, AdmissionContext, BatchMode, LostTally
 from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.core.plan_requests import ProfileCache, task_request
@@ -426,7 +426,8 @@ class Scheduler:
             return admitted
         view = self.queue.view(self.config.comm_s)
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
-        ctx = replace(ctx, ranked=view)
+        tally = LostTally(view, now, lambda: len(self.queue))
+        ctx = replace(ctx, ranked=view, lost_tally=tally)
         seq = view.seq
         candidates: list[Generation] = []
         while n > 0 and len(self._running) < cap:
@@ -445,6 +446,7 @@ class Scheduler:
                     self.engine.run(candidate.task_id)
             except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
                 logger.error('engine failed to start %s: %s', candidate.task_id, err)
+                tally.taken(candidate)
                 self._end(candidate, TaskStatus.FAILED,
                           f'engine failure: could not start the generation: {describe_error(err)}')
                 n -= 1
@@ -455,6 +457,7 @@ class Scheduler:
                     break                   # it waits for memory to free up
                 n -= 1
                 priorities[row] = priorities[n]
+                tally.taken(candidate)
                 if candidate.segments:
                     # Its robot already runs the plan: end the plan with what was sent, as
                     # at the context limit, rather than fail a goal that is under way.
@@ -468,6 +471,7 @@ class Scheduler:
                               'the prompt does not fit in the engine KV memory')
                 continue
             self.queue.remove(candidate.task_id)
+            tally.taken(candidate)
             n -= 1
             priorities[row] = priorities[n]
             candidate.status = TaskStatus.RUNNING
