@@ -10,7 +10,9 @@ its zero-utility time before its generation can start. The fleet runs on the pro
 discrete-event simulation (:func:`timelyllm_ros.evaluation.simulation.simulate`), one run per
 policy over the same goals, all on the simulated clock.
 
-Per policy it reports ``goals_per_s`` (completed goals per simulated second, from the first
+Per policy it reports the CPU time of one scheduling decision (``decide_mean_ms``, p99, max:
+the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it),
+``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
 batch size, the mean utility of urgent goals and of all goals, and how many urgent goals earned
 any utility. :func:`run_overload` returns the same as a dict (the fault campaign calls it).
@@ -93,6 +95,15 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
+def decision_figures(cpu_s: Sequence[float]) -> dict[str, float]:
+    """Mean, p99 and max CPU time of one scheduling decision (ms)."""
+    ms = np.asarray(cpu_s, dtype=float) * 1000.0
+    if not len(ms):
+        return {'decide_mean_ms': 0.0, 'decide_p99_ms': 0.0, 'decide_max_ms': 0.0}
+    return {'decide_mean_ms': float(ms.mean()), 'decide_p99_ms': float(np.percentile(ms, 99)),
+            'decide_max_ms': float(ms.max())}
+
+
 def policy_figures(result: SimulationResult) -> dict[str, Any]:
     """The overload figures of one simulated run (times in simulated seconds)."""
     generations = result.generations
@@ -126,6 +137,7 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
+        **decision_figures(result.decision_cpu_s),
         'sim_time_s': result.sim_time_s,
         'wall_time_s': result.wall_time_s,
     }
@@ -164,7 +176,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
 
 def _table(report: dict[str, Any]) -> str:
     columns = ('goals_per_s', 'response_p50_s', 'response_p99_s', 'mean_batch_size',
-               'urgent_utility', 'utility_mean', 'wall_time_s')
+               'urgent_utility', 'utility_mean', 'decide_mean_ms', 'decide_p99_ms',
+               'decide_max_ms', 'wall_time_s')
     lines = [f"{report['tasks']} goals from {report['robots']} robots within "
              f"{report['burst_s']} s, seed {report['seed']}",
              f"{'policy':>16} " + ' '.join(f'{c:>15}' for c in columns)]
@@ -174,6 +187,10 @@ def _table(report: dict[str, Any]) -> str:
         lines.append(f'{policy:>16} {cells}')
     if report['throughput_ratio'] is not None:
         lines.append(f"timelyllm / vllm goals/s: {report['throughput_ratio']:.3f}")
+    figures = report['policies']
+    if 'timelyllm' in figures and 'vllm' in figures and figures['vllm']['decide_mean_ms']:
+        ratio = figures['timelyllm']['decide_mean_ms'] / figures['vllm']['decide_mean_ms']
+        lines.append(f'timelyllm / vllm decide mean: {ratio:.2f}')
     return '\n'.join(lines)
 
 

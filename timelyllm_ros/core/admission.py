@@ -72,6 +72,8 @@ class AdmissionContext:
                                                 # None outside an admission round
     lost_tally: LostTally | None = None         # the queue's lost goals, kept up to date
                                                 # within an admission round
+    batch_columns: BatchColumns | None = None   # the running batch as arrays, kept up to
+                                                # date within an admission round
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -201,6 +203,40 @@ def _step_s(batch_size: int, ctx: AdmissionContext) -> float:
     return ctx.recent_step_s * (model_next / model_now if model_now > 0 else 1.0)
 
 
+class BatchColumns:
+    """The running batch as arrays (remaining segment tokens, budget, α), in batch order, for
+    one admission round: every admission test reads the whole batch, and with a batch of
+    hundreds that was the decision's cost. Built at the first test, extended as the round
+    admits (``ctx.running`` is a live view in insertion order), rebuilt if the batch changed
+    otherwise (a preemption)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, ...] = ()
+        self.generations: list[Generation] = []
+        self.remaining: Column = np.empty(0)
+        self.budget: Column = np.empty(0)
+        self.alpha: Column = np.empty(0)
+
+    def of(self, ctx: AdmissionContext) -> BatchColumns:
+        """These columns, brought up to date with ``ctx.running``."""
+        key = tuple(map(id, ctx.running))
+        if key == self._key:
+            return self
+        kept = len(self._key) if key[:len(self._key)] == self._key else 0
+        added = list(ctx.running)[kept:]
+        self.generations = self.generations[:kept] + added
+        self.remaining = np.concatenate([self.remaining[:kept], [
+            max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added]])
+        self.budget = np.concatenate([self.budget[:kept], [budget_s(g, ctx) for g in added]])
+        self.alpha = np.concatenate([self.alpha[:kept], [g.spec.tuf.alpha for g in added]])
+        self._key = key
+        return self
+
+
+def _batch(ctx: AdmissionContext) -> BatchColumns:
+    return (ctx.batch_columns if ctx.batch_columns is not None else BatchColumns()).of(ctx)
+
+
 def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
     """Utility the running generations lose if a candidate with run cost ``extra_s`` joins.
 
@@ -209,16 +245,15 @@ def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
     costs −α per second (Eq. 1, the same slope before and after the zero-utility time).
     """
     size = len(ctx.running)
+    if not size:
+        return 0.0
     step_now, step_next = _step_s(size, ctx), _step_s(size + 1, ctx)
-    cost = 0.0
-    for generation in ctx.running:
-        remaining = max(ctx.max_segment_tokens(generation) - generation.segment_tokens, 1)
-        before = remaining * step_now
-        after = extra_s + remaining * step_next
-        overrun = after - max(before, budget_s(generation, ctx))
-        if overrun > 0:
-            cost -= generation.spec.tuf.alpha * overrun
-    return cost
+    batch = _batch(ctx)
+    before = batch.remaining * step_now
+    after = extra_s + batch.remaining * step_next
+    overrun = after - np.maximum(before, batch.budget)
+    # summed in batch order, as a loop would (cumsum is sequential): the same float
+    return float(np.cumsum(np.where(overrun > 0, -batch.alpha * overrun, 0.0))[-1])
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -242,8 +277,9 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     """
     if not ctx.running:
         return True
-    most_urgent = min(ctx.running, key=lambda g: budget_s(g, ctx))
-    budget = budget_s(most_urgent, ctx)
+    batch = _batch(ctx)
+    first = int(np.argmin(batch.budget))        # the first of equals, as min() would
+    most_urgent, budget = batch.generations[first], float(batch.budget[first])
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
     if candidate_budget <= budget + tie:

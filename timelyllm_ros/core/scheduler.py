@@ -25,12 +25,19 @@ import heapq
 import logging
 import math
 import time
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from timelyllm_ros.core.admission import BATCH_MODES, AdmissionContext, BatchMode, LostTally
+from timelyllm_ros.core.admission import (
+    BATCH_MODES,
+    AdmissionContext,
+    BatchColumns,
+    BatchMode,
+    LostTally,
+)
 from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
 from timelyllm_ros.core.plan_requests import ProfileCache, task_request
@@ -186,6 +193,9 @@ class Scheduler:
         self.recent_step_s: float | None = None
         self.ticks = 0
         self.decision_s = 0.0        # wall time spent deciding (policy hooks and admission)
+        # CPU time of each decision (this thread's), for its distribution: a busy machine
+        # stretches wall time, not this
+        self.decision_cpu_s: array[float] = array('d')
 
     # -- requests ---------------------------------------------------------------------------
     def submit(self, spec: TaskSpec) -> Generation:
@@ -427,7 +437,7 @@ class Scheduler:
         view = self.queue.view(self.config.comm_s)
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
         tally = LostTally(view, now, lambda: len(self.queue))
-        ctx = replace(ctx, ranked=view, lost_tally=tally)
+        ctx = replace(ctx, ranked=view, lost_tally=tally, batch_columns=BatchColumns())
         seq = view.seq
         candidates: list[Generation] = []
         while n > 0 and len(self._running) < cap:
@@ -507,9 +517,10 @@ class Scheduler:
 
     def _iterate(self, out: TickResult) -> None:
         self.expire_overdue()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         ctx = self._context(self.clock.now())
         decision = out.decision = self.schedule(ctx)
+        self.decision_cpu_s.append(time.thread_time() - started_cpu)
         self.decision_s += time.perf_counter() - started
         if not self._running:
             return

@@ -32,6 +32,7 @@ class KvCacheManager:
         self.block_size = block_size
         self._contexts: dict[str, _Context] = {}
         self._paused_on_gpu: OrderedDict[str, None] = OrderedDict()  # least recently paused first
+        self._paused_blocks = 0     # blocks they hold: asked at every admission test
         self._gpu_used = 0
         self._host_used = 0
         self.swaps_out = 0
@@ -54,7 +55,11 @@ class KvCacheManager:
         return self.gpu_blocks - self._gpu_used
 
     def _evictable(self) -> int:
-        return sum(self.blocks(self._contexts[r].tokens) for r in self._paused_on_gpu)
+        return self._paused_blocks
+
+    def _unpause(self, request_id: str, context: _Context) -> None:
+        if self._paused_on_gpu.pop(request_id, 0) is None:     # it was there
+            self._paused_blocks -= self.blocks(context.tokens)
 
     def can_place(self, request_id: str, lookahead_tokens: int) -> bool:
         """Whether the context plus ``lookahead_tokens`` fits on the GPU (evicting paused ones)."""
@@ -71,7 +76,7 @@ class KvCacheManager:
         """Bring a context onto the GPU for running; return where it was before."""
         context = self._contexts[request_id]
         before = context.location
-        self._paused_on_gpu.pop(request_id, None)
+        self._unpause(request_id, context)
         needed = self.blocks(context.tokens + lookahead_tokens)
         if before == 'gpu':
             needed -= self.blocks(context.tokens)
@@ -92,12 +97,16 @@ class KvCacheManager:
         if extra > self.gpu_free:
             return False
         self._gpu_used += extra
+        if request_id in self._paused_on_gpu:
+            self._paused_blocks += extra
         context.tokens += new_tokens
         return True
 
     def pause(self, request_id: str) -> None:
-        if self._contexts[request_id].location == 'gpu':
+        if (self._contexts[request_id].location == 'gpu'
+                and request_id not in self._paused_on_gpu):
             self._paused_on_gpu[request_id] = None
+            self._paused_blocks += self.blocks(self._contexts[request_id].tokens)
 
     def swap_out(self, request_id: str) -> bool:
         """Move a context from the GPU to host memory; False if host memory is full."""
@@ -122,6 +131,8 @@ class KvCacheManager:
             self._gpu_used -= freed
         elif context.location == 'host':
             self._host_used -= freed
+        if request_id in self._paused_on_gpu:
+            self._paused_blocks -= freed
         context.tokens -= tokens
 
     def drop(self, request_id: str) -> None:
@@ -136,7 +147,7 @@ class KvCacheManager:
             self._free(request_id, context)
 
     def _free(self, request_id: str, context: _Context) -> None:
-        self._paused_on_gpu.pop(request_id, None)
+        self._unpause(request_id, context)
         if context.location == 'gpu':
             self._gpu_used -= self.blocks(context.tokens)
         elif context.location == 'host':
@@ -147,6 +158,7 @@ class KvCacheManager:
             victim, _ = self._paused_on_gpu.popitem(last=False)
             context = self._contexts[victim]
             size = self.blocks(context.tokens)
+            self._paused_blocks -= size
             self._gpu_used -= size
             if self._host_used + size <= self.host_blocks:
                 self._host_used += size

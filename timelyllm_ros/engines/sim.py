@@ -118,6 +118,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self._fail_at_step = fail_at_step
         self._generations: dict[str, _Generation] = {}
         self._running: dict[str, None] = {}
+        self._attended_total: int | None = None   # over the running set; None: recompute
         self.prefix_caching = prefix_caching
         self.realtime = realtime
         self._scripts = scripts
@@ -152,6 +153,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return self.kv
 
     def reset_prefix_cache(self) -> None:
+        self._attended_total = None
         self._cached_prefixes.clear()
 
     def cost_model(self) -> CostModel:
@@ -163,6 +165,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return self._scripts.plan_for(robot_kind, task, task_class)
 
     def register(self, request: EngineRequest) -> None:
+        self._attended_total = None
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
         if not 0 <= request.prefix_tokens <= request.prompt_tokens:
@@ -252,13 +255,17 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self._joins += 1
         generation.joined_at = self._joins
         self._running[request_id] = None
+        if self._attended_total is not None:    # a join changes no other context
+            self._attended_total += self._attended_tokens(request_id)
 
     def pause(self, request_id: str) -> None:
+        self._attended_total = None
         self._get(request_id)
         self._running.pop(request_id, None)
         self.kv.pause(request_id)
 
     def release(self, request_id: str) -> None:
+        self._attended_total = None
         self._running.pop(request_id, None)
         self._generations.pop(request_id, None)
         self.kv.remove(request_id)
@@ -267,8 +274,11 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         if not self._running:
             context = batch_size * self.calibration.decode_ms.reference_context_tokens
         else:
-            mean = sum(self._attended_tokens(r) for r in self._running) / len(self._running)
-            context = int(batch_size * mean)
+            # asked many times per decision (every admission test): kept until the engine
+            # changes (every mutating call resets it)
+            if self._attended_total is None:
+                self._attended_total = sum(self._attended_tokens(r) for r in self._running)
+            context = int(batch_size * (self._attended_total / len(self._running)))
         return self.calibration.decode_s(batch_size, context)
 
     def _attended_tokens(self, request_id: str) -> int:
@@ -279,6 +289,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
                 - generation.evicted_tokens)
 
     def evict(self, request_id: str, to: EvictTo) -> None:
+        self._attended_total = None
         self._get(request_id)
         self._running.pop(request_id, None)
         if to == 'host' and self.kv.swap_out(request_id):
@@ -286,11 +297,13 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self.kv.drop(request_id)
 
     def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        self._attended_total = None
         if not 0.0 <= evict_ratio < 1.0:
             raise EngineError(f'evict ratio must be in [0, 1), got {evict_ratio}')
         self._get(request_id).evict_ratio = evict_ratio
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
+        self._attended_total = None
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
             raise EngineError(f'simulated engine failure at iteration {self.steps}')

@@ -37,6 +37,7 @@ class SimulationResult:
     ticks: int                         # scheduler ticks (engine iterations)
     batch_sizes: list[int]             # batch size of every decode/prefill iteration
     decision_s: float = 0.0            # wall time the scheduler spent deciding
+    decision_cpu_s: Sequence[float] = ()   # CPU time of each decision, tick order
 
 
 def simulate(
@@ -126,5 +127,5 @@ def simulate(
     return SimulationResult(
         policy=policy, generations=generations, rejected=rejected, sim_time_s=clock.now(),
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,
-        decision_s=scheduler.decision_s,
+        decision_s=scheduler.decision_s, decision_cpu_s=scheduler.decision_cpu_s,
         batch_sizes=batch_sizes)
