@@ -128,12 +128,22 @@ class User:
             return [s.task_id for s in self.sent.values() if not s.results]
 
 
+class DrillTimeout(Exception):
+    """A phase of the drill did not happen in time (the report still prints)."""
+
+
 def until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise SystemExit(f'timed out after {timeout_s:.0f} s waiting for {what}')
+            raise DrillTimeout(f'timed out after {timeout_s:.0f} s waiting for {what}')
         time.sleep(0.1)
+    log(f'{what}: after {time.monotonic() - started:.1f} s')
+
+
+def log(line: str) -> None:
+    print(f'[drill {time.strftime("%H:%M:%S")}] {line}', file=sys.stderr, flush=True)
 
 
 def pids(pattern: str) -> list[int]:
@@ -211,6 +221,7 @@ def main() -> int:
             until(lambda: user.segment_since('drone_1', since), args.timeout,
                   'a segment for drone_1')
             figures['controllers_killed'] = kill('__ns:=/drone_1')
+            log('killed the drone_1 controller; restarting it')
             restarted.append(spawn(
                 ['ros2', 'run', 'timelyllm_ros', 'drone_controller', '--ros-args',
                  '-r', '__ns:=/drone_1',
@@ -223,6 +234,7 @@ def main() -> int:
             until(lambda: user.segment_since('drone_0', since)
                   or user.segment_since('arm_0', since), args.timeout, 'a segment')
             figures['planners_killed'] = kill('lib/timelyllm_ros/planner')
+            log('killed the planner; restarting it')
             until(lambda: not pids('lib/timelyllm_ros/planner'), 10.0, 'the planner to die')
             restarted.append(spawn(
                 ['ros2', 'run', 'timelyllm_ros', 'planner', '--ros-args',
@@ -232,9 +244,11 @@ def main() -> int:
             until(user.planner_active, 180.0, 'the restarted planner to be active')
             for robot in DRONES + ARMS:      # and the fleet serves new goals
                 send(robot, 'urgent')
-        until(lambda: not user.pending(), args.timeout,
-              f'every result (missing: {user.pending()})')
+        until(lambda: not user.pending(), args.timeout, 'every result')
         figures['all_results_s'] = round(time.monotonic() - started, 1)
+    except DrillTimeout as timeout:
+        figures['timed_out'] = str(timeout)
+        log(f'{timeout}; missing: {user.pending()}')
     finally:
         time.sleep(2.0)
         t0 = time.monotonic()

@@ -359,7 +359,7 @@ class PlannerNode(LifecycleNode):
             if task_id in self._orphans:
                 self._orphans.discard(task_id)
                 self._report_for_gone_controller(goal_handle.request, result)
-            elif result.error.startswith(MISSED_REPORT):     # its controller may be gone
+            elif goal_handle.request.wait_for_execution:     # a controller's goal
                 self._remember_unconfirmed(goal_handle, result)
             self._pace()                        # the result is an answer too
             if generation.status == TaskStatus.CANCELLED and goal_handle.is_cancel_requested:
@@ -391,17 +391,18 @@ class PlannerNode(LifecycleNode):
                 self._interfaces.append((self.destroy_publisher, publisher))
             publisher.publish(convert.plan_result_to_msg(  # type: ignore[attr-defined]
                 PlanResult, Time, stamp_s=self.node_clock.now(), robot_id=robot_id,
-                robot_kind=goal.robot_kind, task_id=goal.task_id, outcome='failed',
-                result=result))
+                robot_kind=goal.robot_kind, task_id=goal.task_id,
+                outcome='succeeded' if result.success else 'failed', result=result))
         except Exception as err:  # noqa: BLE001 - a robot id that is no topic name: logged
             self.get_logger().warning(f'no PlanResult for {robot_id}: {err}')
 
     def _remember_unconfirmed(self, goal_handle, result) -> None:  # type: ignore[no-untyped-def]
-        """Keep the result of a goal whose robot missed a report a while: if its controller
-        turns out to be gone (it left the graph, or restarted and names the goal as lost), the
-        planner reports it in its place."""
+        """Keep an ended goal's result: if its controller turns out to have died before it
+        got it (it restarted and names the goal as lost; or, for a missed report, it left the
+        graph soon after), the planner reports it in its place."""
         key = bytes(goal_handle.goal_id.uuid)
-        self._unconfirmed[key] = _EndedGoal(goal_handle.request, result, time.monotonic())
+        self._unconfirmed[key] = _EndedGoal(goal_handle.request, result, time.monotonic(),
+                                            result.error.startswith(MISSED_REPORT))
         while len(self._unconfirmed) > MAX_UNCONFIRMED:
             self._unconfirmed.popitem(last=False)
 
@@ -419,14 +420,15 @@ class PlannerNode(LifecycleNode):
         process) get their result reported too."""
         present = {namespace.rsplit('/', 1)[-1] for name, namespace in
                    self.get_node_names_and_namespaces() if name == 'controller'}
+        gone = self._controllers_seen - present
         now = time.monotonic()
-        for key, ended in list(self._unconfirmed.items()):
+        for key, ended in list(self._unconfirmed.items()) if gone else ():
             robot_id = ended.request.robot_id
-            if now - ended.ended_at > UNCONFIRMED_KEEP_S:
-                del self._unconfirmed[key]
-            elif robot_id in self._controllers_seen and robot_id not in present:
+            if (robot_id in gone and ended.missed_report
+                    and now - ended.ended_at <= UNCONFIRMED_KEEP_S):
                 self.get_logger().warning(f'{robot_id}: its controller left the ROS graph '
-                                          'after a goal of it failed: result reported')
+                                          'after a goal of it missed a report: result '
+                                          'reported')
                 self._report_unconfirmed(key)
         self._controllers_seen |= present
         for task_id, robot_id in list(self._robots.items()):
@@ -596,19 +598,22 @@ ABORT_WAIT_S = 5.0
 
 @dataclass(frozen=True, slots=True)
 class _EndedGoal:
-    """A goal that failed on a missed report: its result may have gone to a dead client."""
+    """An ended goal whose result may have gone to a dead client."""
 
     request: Any
     result: Any
     ended_at: float
+    missed_report: bool        # it ended because its robot missed a report deadline
 
 
 MAX_UNCONFIRMED = 4096
-"""Failed goals whose results the planner keeps until their controllers are known to be up."""
+"""Ended goals whose results the planner keeps (the oldest go first), for a restarted
+controller that names one of them as lost."""
 
 UNCONFIRMED_KEEP_S = 60.0
-"""How long (s) a failed goal's result waits for news that its controller was gone: longer
-than a DDS liveliness lease, and than a controller's restart."""
+"""How long (s) after a goal missed a report its controller leaving the graph is taken for
+its death (longer than a DDS liveliness lease); later, only a restarted controller naming the
+goal reports it."""
 
 CONTROLLER_WATCH_S = 1.0
 """How often the planner looks for controllers that left the ROS graph (s)."""
