@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lrtrace.format import TASK_RECORD, check_message
 from timelyllm_ros.core.tuf import TUF_CLASSES, Tuf
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
@@ -121,3 +122,5 @@ def test_a_controller_records_what_its_robot_ran_when_the_planner_left():
     assert [s.sec for s in record.cut_stamps] == [10, 11]
     assert (record.arrival_stamp.sec, record.done_stamp.sec) == (9, 13)
     assert math.isclose(record.estimated_execution_s[1], 1.5)
+    assert record.cut_tokens == [0, 0]
+    check_message(record, TASK_RECORD)        # what the bag reader checks

@@ -128,8 +128,8 @@ def robot_task_record_to_msg(robot_id: str, profile: str, request: TaskRequest,
                              time_cls: type) -> Any:
     """The ``TaskRecord`` a controller writes for a task whose planner left mid-plan (the
     planner's own record went with it): what the robot saw, its received ``segments``
-    (Segment messages) and the ``runs`` of those it executed; token counts and generation
-    stamps are the planner's and stay empty or unset."""
+    (Segment messages) and the ``runs`` of those it executed; the planner's own figures
+    (token pieces, token counts, dispatch stamps) stay empty, 0 or unset."""
     urgency = request.urgency or default_urgency
     tuf = request.tuf if request.tuf is not None else TUF_CLASSES[urgency]
     nan = math.nan
@@ -140,7 +140,8 @@ def robot_task_record_to_msg(robot_id: str, profile: str, request: TaskRequest,
         'task_class': urgency, 'task_type': '', 'task': request.task,
         'tuf': {'ert_s': tuf.ert_s, 'alpha': tuf.alpha, 'beta': tuf.beta},
         'arrival_stamp': sent_s, 'prompt_tokens': 0, 'task_tokens': 0,
-        'text': ''.join(texts), 'token_pieces': [], 'cut_tokens': [],
+        # token counts are the planner's: 0 (one per segment, as readers expect)
+        'text': ''.join(texts), 'token_pieces': [], 'cut_tokens': [0] * len(segments),
         'cut_stamps': [seconds(msg.generated_stamp) for msg in segments],
         'dispatch_stamps': [nan] * len(segments),
         'start_stamps': [run.start_s if run else nan for run in ran],
