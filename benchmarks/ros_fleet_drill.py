@@ -227,6 +227,10 @@ def main() -> int:
                  '-r', '__ns:=/drone_1',
                  '-p', f'backend:={args.backend}', '-p', f'use_sim_time:={sim}'],
                 out / 'drone_1-restarted.log'))
+            # the restarted controller's lost task is reported before the next fault
+            until(lambda: not any(s.robot == 'drone_1' for s in user.sent.values()
+                                  if not s.results),
+                  args.timeout, "the result of every task of drone_1's killed controller")
             # 2. the planner killed while plans execute
             since = time.monotonic()
             for robot in ('drone_0', 'arm_0'):

@@ -298,6 +298,12 @@ class PlannerNode(LifecycleNode):
             self._tasks[key] = task_id
             self._goal_events[task_id] = events
             self._robots[task_id] = goal_handle.request.robot_id
+            if goal_handle.request.wait_for_execution:      # a controller's goal
+                try:
+                    self._results_publisher(goal_handle.request.robot_id)
+                except Exception as err:  # noqa: BLE001 - no topic for this robot id: logged
+                    self.get_logger().warning(f'no plan_results publisher for '
+                                              f'{goal_handle.request.robot_id!r}: {err}')
             if goal_handle.is_cancel_requested:       # canceled before it was submitted
                 service.cancel(task_id)
             return self._stream(goal_handle, task_id, events)
@@ -384,17 +390,24 @@ class PlannerNode(LifecycleNode):
         controller, which left the graph mid-plan and cannot."""
         robot_id = goal.robot_id
         try:
-            publisher = self._robot_results.get(robot_id)
-            if publisher is None:
-                publisher = self._robot_results[robot_id] = self.create_publisher(
-                    PlanResult, f'{robot_id}/plan_results', reliable(RESULTS_DEPTH))
-                self._interfaces.append((self.destroy_publisher, publisher))
-            publisher.publish(convert.plan_result_to_msg(  # type: ignore[attr-defined]
+            self._results_publisher(robot_id).publish(convert.plan_result_to_msg(
                 PlanResult, Time, stamp_s=self.node_clock.now(), robot_id=robot_id,
                 robot_kind=goal.robot_kind, task_id=goal.task_id,
                 outcome='succeeded' if result.success else 'failed', result=result))
         except Exception as err:  # noqa: BLE001 - a robot id that is no topic name: logged
             self.get_logger().warning(f'no PlanResult for {robot_id}: {err}')
+
+    def _results_publisher(self, robot_id: str):  # type: ignore[no-untyped-def]
+        """The planner's publisher on a robot's ``plan_results`` (for results it reports in
+        the controller's place). Opened when the robot's first goal arrives, not when a result
+        must go out: a reliable message on a publisher its subscribers have not discovered yet
+        is lost."""
+        publisher = self._robot_results.get(robot_id)
+        if publisher is None:
+            publisher = self._robot_results[robot_id] = self.create_publisher(
+                PlanResult, f'{robot_id}/plan_results', reliable(RESULTS_DEPTH))
+            self._interfaces.append((self.destroy_publisher, publisher))
+        return publisher
 
     def _remember_unconfirmed(self, goal_handle, result) -> None:  # type: ignore[no-untyped-def]
         """Keep an ended goal's result: if its controller turns out to have died before it
