@@ -232,15 +232,20 @@ def test_a_lost_candidate_joins_a_batch_whose_most_urgent_is_late() -> None:
     assert latency_guided(old, _late_ctx(engine, [urgent], [old], max_batch=8))
 
 
+def _queued_scheduler(goals: int, arrival_gap_s: float) -> Scheduler:
+    """A timelyllm scheduler with ``goals`` queued, every third normal, the rest urgent."""
+    scheduler = Scheduler(create_policy('timelyllm'), _engine(max_num_seqs=64), SimClock(),
+                          SchedulerConfig(report_deadlines=False))
+    for i in range(goals):
+        scheduler.submit(make_spec(f't{i}', task_class='urgent' if i % 3 else 'normal',
+                                   arrival=arrival_gap_s * i, prompt_tokens=10))
+    return scheduler
+
+
 def test_policy_counts_lost_goals_once_per_decision_like_the_scalar_test() -> None:
     from timelyllm_ros.core.admission import lost_slopes
 
-    engine = _engine(max_num_seqs=64)
-    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock(),
-                          SchedulerConfig(report_deadlines=False))
-    for i in range(12):
-        scheduler.submit(make_spec(f't{i}', task_class='urgent' if i % 3 else 'normal',
-                                   arrival=0.1 * i, prompt_tokens=10))
+    scheduler = _queued_scheduler(12, arrival_gap_s=0.1)
     scheduler.clock.advance_to(1.3)
     ctx = scheduler._context(1.3)
     expected = [-g.spec.tuf.alpha for g in scheduler.queue.generations if lost(g, ctx)]
@@ -252,12 +257,7 @@ def test_policy_counts_lost_goals_once_per_decision_like_the_scalar_test() -> No
 def test_the_lost_tally_follows_the_queue_through_an_admission_round() -> None:
     from timelyllm_ros.core.admission import LostTally, lost_slopes
 
-    engine = _engine(max_num_seqs=64)
-    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock(),
-                          SchedulerConfig(report_deadlines=False))
-    for i in range(30):
-        scheduler.submit(make_spec(f't{i}', task_class='urgent' if i % 3 else 'normal',
-                                   arrival=0.05 * i, prompt_tokens=10))
+    scheduler = _queued_scheduler(30, arrival_gap_s=0.05)
     now = 1.4
     view = scheduler.queue.view(COMM)
     tally = LostTally(view, now, lambda: len(scheduler.queue))

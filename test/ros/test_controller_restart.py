@@ -15,9 +15,7 @@ its ``install/setup.bash`` sourced; skipped otherwise.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -30,6 +28,7 @@ pytest.importorskip('timelyllm_ros.msg',
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from ros_helpers import kill_group, until  # noqa: E402
 from timelyllm_ros.msg import PlanResult, Segment, Task, TaskRecord  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
@@ -55,17 +54,6 @@ def _controller_process(robot: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=10)
-
-
-def until(condition, timeout_s: float, what: object) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f'timed out waiting for {what}'
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -102,7 +90,7 @@ def fleet():
         yield planner, publishers, seen, lock, processes
     finally:
         for process in processes:
-            _kill(process)
+            kill_group(process)
         executor.shutdown()
         for node in (planner, probe):
             node.destroy_node()
@@ -124,7 +112,7 @@ def test_a_controller_killed_mid_plan_is_restarted_and_loses_no_task(fleet, rest
                                               Task, None))
     until(lambda: any(s.robot_id == robot for s in list(seen['segments'])), 60.0,
           'the first segment')
-    _kill(processes.pop())           # the robot executes task 0, tasks 1 and 2 wait
+    kill_group(processes.pop())           # the robot executes task 0, tasks 1 and 2 wait
     first = f'{prefix}0'
     if restart != 'at once':
         # past the robot's report deadline and the DDS lease: the planner has ended the goal

@@ -11,12 +11,9 @@ its ``install/setup.bash`` sourced (``ros2 run`` starts the planner); skipped ot
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import threading
-import time
 
 import pytest
 
@@ -26,6 +23,7 @@ pytest.importorskip('timelyllm_ros.msg',
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from ros_helpers import kill_group, until  # noqa: E402
 from timelyllm_ros.msg import PlanResult, Segment, Task  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
@@ -47,17 +45,6 @@ def _planner_process() -> subprocess.Popen:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _kill(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=10)
-
-
-def until(condition, timeout_s: float, what: object) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f'timed out waiting for {what}'
-        time.sleep(0.05)
 
 
 def outcomes(results: list) -> list[tuple[str, str]]:
@@ -98,7 +85,7 @@ def fleet():
         yield controllers, publishers, results, segments, lock, processes
     finally:
         for process in processes:
-            _kill(process)
+            kill_group(process)
         executor.shutdown()
         for node in (*controllers, probe):
             node.destroy_node()
@@ -125,7 +112,7 @@ def test_a_planner_killed_under_a_running_fleet_is_survived(fleet, restart):
     # the planner dies while every robot executes the first segment of its first plan
     until(lambda: {s.robot_id for s in list(segments)} >= set(ROBOTS), 60.0,
           'a segment for every robot')
-    _kill(processes.pop())
+    kill_group(processes.pop())
     if restart == 'at once':
         processes.append(_planner_process())
     until(lambda: sum(r.outcome == 'failed' for r in list(results)) >= len(ROBOTS), 60.0,
