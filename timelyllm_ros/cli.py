@@ -168,13 +168,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_overhead(args: argparse.Namespace) -> int:
     from timelyllm_ros.evaluation.bench import scheduling_overhead
 
-    result = {str(n): scheduling_overhead(n, repeats=args.repeats, policy=args.policy) * 1000.0
-              for n in args.queued}
+    costs = [scheduling_overhead(n, repeats=args.repeats, policy=args.policy)
+             for n in args.queued]
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({str(c.queued): {'decision_ms': c.decision_ms, 'admitted': c.admitted,
+                                          'per_admission_ms': c.per_admission_ms}
+                          for c in costs}))
     else:
-        for n, ms in result.items():
-            print(f'{n:>6} queued: {ms:.4f} ms per decision')
+        for c in costs:
+            print(f'{c.queued:>6} queued: {c.decision_ms:.4f} ms per decision (CPU), '
+                  f'{c.admitted:g} admitted, {c.per_admission_ms:.4f} ms per admission')
     return 0
 
 
@@ -482,10 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument('--quiet', action='store_true', help='no progress bar')
     bench.set_defaults(func=cmd_bench)
 
-    overhead = sub.add_parser('overhead', help='median time of one scheduling decision')
+    overhead = sub.add_parser('overhead', help='median CPU time of one scheduling decision '
+                                               '(the real decide(), a batch with room)')
     overhead.add_argument('--queued', type=int_list_arg(1, 1_000_000), default='1,8,100,10000',
                           help='queue sizes, e.g. 1,8,100 (each at most 1000000)')
-    overhead.add_argument('--repeats', type=int_arg(1, 1_000_000), default=200)
+    overhead.add_argument('--repeats', type=int_arg(1, 1_000_000), default=30,
+                          help='decisions timed per queue size (each on a fresh queue)')
     overhead.add_argument('--policy', default='timelyllm')
     overhead.add_argument('--json', action='store_true')
     overhead.set_defaults(func=cmd_overhead)
