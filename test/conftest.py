@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,3 +51,19 @@ def _skip_cpu_engine_if_it_crashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
     monkeypatch.setattr(llamacpp.LlamaCppEngine, '__init__', guarded)
     yield
+
+
+@pytest.fixture(scope='session', autouse=True)
+def ros_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``ROS_HOME`` in a fresh folder for the session: the ROS tests' in-process nodes and the
+    ``ros2 run`` processes they start keep their state (task journals, logs) there, never in
+    the user's ``~/.ros`` nor a previous run's. (Here, not in ``test/ros/conftest.py``: a
+    second ``conftest`` module would shadow this one for ``from conftest import``.)"""
+    previous = os.environ.get('ROS_HOME')
+    home = str(tmp_path_factory.mktemp('ros_home'))
+    os.environ['ROS_HOME'] = home
+    yield home
+    if previous is None:
+        os.environ.pop('ROS_HOME', None)
+    else:
+        os.environ['ROS_HOME'] = previous
