@@ -30,6 +30,7 @@ can still earn utility first) is the policy's, untouched.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -103,10 +104,11 @@ def zero_utility_budgets(ref, ert, beta, alpha, now, comm_s):  # type: ignore[no
     segment; less the time to reach the robot: ``ref + ert − β/α − now − comm`` (``inf`` for
     a flat TUF, α = 0).
     """
+    if isinstance(alpha, (float, int)):     # one segment: the same operations, on floats
+        return ref + ert - (beta / alpha if alpha < 0.0 else -math.inf) - now - comm_s
     steep = np.less(alpha, 0.0)
     slope_term = np.divide(beta, alpha, out=np.full(np.shape(alpha), -np.inf), where=steep)
-    budget = ref + ert - slope_term - now - comm_s
-    return float(budget) if np.ndim(budget) == 0 else budget
+    return ref + ert - slope_term - now - comm_s
 
 
 def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> float:
@@ -237,18 +239,20 @@ def _batch(ctx: AdmissionContext) -> BatchColumns:
     return (ctx.batch_columns if ctx.batch_columns is not None else BatchColumns()).of(ctx)
 
 
-def delay_cost(extra_s: float, ctx: AdmissionContext) -> float:
+def delay_cost(extra_s: float, ctx: AdmissionContext,
+               batch: BatchColumns | None = None) -> float:
     """Utility the running generations lose if a candidate with run cost ``extra_s`` joins.
 
     Each one's worst-case segment time grows from ``WCET(b)`` to ``WCET(b + 1)`` (plus the
     run cost, :func:`wcet_s`); the part of that delay past its deadline (``now + budget``)
     costs −α per second (Eq. 1, the same slope before and after the zero-utility time).
+    ``batch``: the running batch's columns, if the caller has them up to date.
     """
     size = len(ctx.running)
     if not size:
         return 0.0
     step_now, step_next = _step_s(size, ctx), _step_s(size + 1, ctx)
-    batch = _batch(ctx)
+    batch = batch if batch is not None else _batch(ctx)
     before = batch.remaining * step_now
     after = extra_s + batch.remaining * step_next
     overrun = after - np.maximum(before, batch.budget)
@@ -292,4 +296,4 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
-    return delay_cost(extra, ctx) <= gain
+    return delay_cost(extra, ctx, batch) <= gain
