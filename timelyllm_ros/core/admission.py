@@ -114,9 +114,13 @@ def zero_utility_budgets(ref, ert, beta, alpha, now, comm_s):  # type: ignore[no
 def zero_utility_budget_s(generation: Generation, ctx: AdmissionContext) -> float:
     """Time left before the segment being generated can earn no utility any more
     (:func:`zero_utility_budgets`)."""
+    return _budget_at(generation, ctx.now, ctx.comm_s)
+
+
+def _budget_at(generation: Generation, now: float, comm_s: float) -> float:
     tuf = generation.spec.tuf
     return zero_utility_budgets(generation.need_time, generation.ert_s, tuf.beta, tuf.alpha,
-                                ctx.now, ctx.comm_s)
+                                now, comm_s)
 
 
 def lost(generation: Generation, ctx: AdmissionContext) -> bool:
@@ -156,12 +160,9 @@ class LostTally:
         """``generation`` left the queue during the round."""
         if self._slopes is None:
             return
-        tuf = generation.spec.tuf
-        if tuf.alpha < 0.0 and zero_utility_budgets(
-                generation.need_time, generation.ert_s, tuf.beta, tuf.alpha, self._now,
-                self._view.comm_s) <= 0.0:
+        if _budget_at(generation, self._now, self._view.comm_s) <= 0.0:     # it was lost
             total, count = self._slopes
-            self._slopes = (total + tuf.alpha, count - 1)
+            self._slopes = (total + generation.spec.tuf.alpha, count - 1)
 
 
 def queue_loss_rate(ctx: AdmissionContext, lost_slopes: LostSlopes | None = None) -> float:

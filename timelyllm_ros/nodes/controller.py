@@ -113,14 +113,14 @@ class RobotControllerNode(Node):
         self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
         self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
         self._sent: tuple | None = None   # (future, planner endpoints, task) not answered
-        self.done_pub = self.create_publisher(SegmentDone, fleet_name(fleet, 'segment_done'),
+        self._segment_done_topic = fleet_name(fleet, 'segment_done')
+        self.done_pub = self.create_publisher(SegmentDone, self._segment_done_topic,
                                               reliable(ACTION_QUEUE_DEPTH))
         self.skills_pub = self.create_publisher(SkillExecution,
                                                 fleet_name(fleet, 'skill_executions'),
                                                 reliable(ACTION_QUEUE_DEPTH))
         self.records_pub = self.create_publisher(TaskRecord, fleet_name(fleet, 'task_records'),
                                                  reliable(RESULTS_DEPTH_SPARE))
-        self._segment_done_topic = fleet_name(fleet, 'segment_done')
         max_queued = int(param('max_queued_tasks').value)
         self.result_pub = self.create_publisher(PlanResult, 'plan_results',
                                                 reliable(max_queued + RESULTS_DEPTH_SPARE))
@@ -135,7 +135,8 @@ class RobotControllerNode(Node):
         self._goal_uuid = ''                    # hex UUID of the active task's goal
         self._sent_s = 0.0                      # when its goal was sent (node clock)
         self._runs: dict[int, convert.SegmentRun] = {}   # its executed segments, by index
-        self._segment_msgs: list = []           # its received segments, in order
+        self._segment_msgs: list = []           # its received segments, in order (the plan
+                                                # so far: their texts)
         self._lost_goals: list[KeptTask] = []   # a previous process's goals, to report
         self._journal_lock = threading.Lock()
         state_dir = param('state_dir').value or default_state_dir()
@@ -144,7 +145,6 @@ class RobotControllerNode(Node):
         self._active_goal_id = ''                # the planner's id of the streaming goal
         self._aborted_goal = ''
         self._received: set[tuple[str, int, bool]] = set()   # segments of the current goal
-        self._streamed: list[str] = []         # ... their texts, in order (the plan so far)
         self._received_lock = threading.Lock()
         self.create_timer(PLANNER_WATCH_S, self.watch_planner, callback_group=group)
         self._worker = threading.Thread(target=self._execute_segments, daemon=True)
@@ -340,9 +340,9 @@ class RobotControllerNode(Node):
         reason = 'the planner left while the task was active (its action server is gone)'
         self.get_logger().error(f'{self.robot_id}: task {self._label(kept)}: {reason}')
         with self._received_lock:
-            streamed = list(self._streamed)
             segments = list(self._segment_msgs)
             runs = dict(self._runs)
+        streamed = [segment.text for segment in segments]
         if kept is not None:    # the planner's record of the task went with it
             self.records_pub.publish(convert.robot_task_record_to_msg(
                 self.robot_id, self.profile.name, kept.request,
@@ -385,7 +385,6 @@ class RobotControllerNode(Node):
         self._aborted_goal = ''        # a new goal: its id may repeat an ended one's
         with self._received_lock:
             self._received.clear()
-            self._streamed.clear()
             self._segment_msgs.clear()
             self._runs.clear()
         self._save_journal()
@@ -400,7 +399,6 @@ class RobotControllerNode(Node):
                 return          # the planner sent it again (no report yet): already have it
             self._received.add(key)
             if not key[2]:
-                self._streamed.append(segment.text)
                 self._segment_msgs.append(segment)
         self._active_goal_id = segment.goal_id
         self._segments.put(segment)
