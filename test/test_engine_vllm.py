@@ -234,3 +234,45 @@ def test_the_scheduler_fails_a_goal_as_too_large_only_when_it_cannot_fit_alone(
     scheduler.tick()
     generation = scheduler.generations['huge']
     assert generation.status == TaskStatus.FAILED and 'does not fit' in generation.error
+
+
+def _rss_gib() -> float:
+    with open('/proc/self/statm') as statm:
+        return int(statm.read().split()[1]) * os.sysconf('SC_PAGE_SIZE') / 2**30
+
+
+def test_without_its_processor_vllm_chooses_the_same_tokens_and_close_gives_memory_back(
+        engine: VllmEngine) -> None:
+    """``grammar=False``: no logits processor (vLLM's own sampler, its fastest model runner),
+    no grammar capability, the same greedy ids for a plain request; ``close()`` gives the
+    memory back, so that a second engine of the same settings starts in this process."""
+    plain = EngineRequest('plain', _prompt('find the toy under the bed'), 800, 12)
+    engine.register(plain)
+    engine.run('plain')
+    while 'plain' in engine.running:
+        engine.step()
+    expected = engine.token_ids('plain')
+    engine.release('plain')
+    before = _rss_gib()
+    grown = []
+    for _ in range(2):
+        bare = VllmEngine(MODEL, max_num_seqs=4, max_model_len=1024, kv_cache_gb=1,
+                          grammar=False)
+        try:
+            grown.append(_rss_gib() - before)
+            assert not bare.logits_processor and not bare.supports('grammar')
+            with pytest.raises(EngineError, match='grammar'):
+                bare.register(EngineRequest('g', 'x', 1, 4, grammar='root ::= "a"'))
+            bare.force_script = True
+            with pytest.raises(EngineError, match='cannot force a script'):
+                bare.register(_request('forced', 'land', script=('ld()',)))
+            bare.force_script = False
+            bare.register(plain)
+            bare.run('plain')
+            while 'plain' in bare.running:
+                bare.step()
+            assert bare.token_ids('plain') == expected
+        finally:
+            bare.close()
+        # what the engine held (weights, its 1 GiB KV cache) is given back
+        assert _rss_gib() - before < 0.5 * grown[-1], (before, grown, _rss_gib())

