@@ -136,3 +136,27 @@ def test_the_scheduler_plans_on_the_new_engine_segment_by_segment() -> None:
                                                                        'turn_cw']
     assert [d.segment.tokens for d in dispatched] == [4, 5]        # mf ( 50 ) | ; tc ( 90 )
     assert dispatched[-1].segment.is_last and engine.running == ()
+
+
+def test_the_repetition_penalty_is_one_rule_on_the_host_and_on_a_device_row() -> None:
+    """CTRL's rule (positive logits divided, negative multiplied) on the output's tokens only,
+    the same on a numpy row and on a torch tensor (the row where a GPU model leaves it)."""
+    import numpy as np
+
+    from timelyllm_ros.engines.kept import choose_token, penalize
+
+    row = np.array([2.0, -1.0, 3.0, 0.5, -4.0, 2.9], dtype=np.float32)
+    host = row.copy()
+    penalize(host, [2, 1, 2, 4], 1.25)
+    expected = row.copy()
+    expected[[1, 2, 4]] = [-1.25, 2.4, -5.0]
+    assert host.tolist() == expected.tolist()
+    torch = pytest.importorskip('torch', reason='torch is not installed')
+    device_row = torch.tensor(row)
+    penalize(device_row, [2, 1, 2, 4], 1.25)
+    assert device_row.tolist() == host.tolist()
+    # the penalised argmax: token 2 (3.0) falls to 2.4, below token 5 (2.9)
+    request = EngineRequest('p', 'x', 1, 8, repetition_penalty=1.25)
+    generation = KeptTokens(request, prompt_ids=[], output_ids=[2])
+    for logits in (row.copy(), torch.tensor(row), lambda: row.copy()):
+        assert choose_token(generation, 2, logits, eos=0) == 5

@@ -66,15 +66,27 @@ class TokenGrammar(ABC):
             self.accept(token)
 
 
-def constrained_argmax(argmax: int,
-                       logits: np.ndarray[Any, Any] | Callable[[], np.ndarray[Any, Any]],
-                       grammar: TokenGrammar | None) -> int:
+Row = Any
+"""A row of logits: a float numpy array on the host, a call giving one (called only when
+needed), or a tensor where the model left it (torch; copied to the host only when needed)."""
+
+
+def host_row(logits: Row) -> np.ndarray[Any, Any]:
+    """The row as a writable float32 numpy array on the host."""
+    if isinstance(logits, np.ndarray):
+        return logits
+    if callable(logits):
+        return logits()  # type: ignore[no-any-return]
+    return np.array(logits.float().cpu().numpy(), dtype=np.float32)
+
+
+def constrained_argmax(argmax: int, logits: Row, grammar: TokenGrammar | None) -> int:
     """The greedy choice under a grammar.
 
     Args:
         argmax: The unconstrained argmax of the row.
-        logits: The row's logits as a writable float array, or a call giving them (called
-            only when the argmax is refused); they may be masked in place.
+        logits: The row (:data:`Row`: brought to the host only when the argmax is refused);
+            it may be masked in place.
         grammar: The generation's grammar state (``None``: unconstrained).
 
     Returns:
@@ -82,7 +94,7 @@ def constrained_argmax(argmax: int,
     """
     if grammar is None or grammar.allows(argmax):
         return argmax
-    return grammar.best(logits if isinstance(logits, np.ndarray) else logits())
+    return grammar.best(host_row(logits))
 
 
 def _import_llguidance() -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from timelyllm_ros.engines.base import EngineRequest, FinishReason, KvLocation
-from timelyllm_ros.engines.constraint import TokenGrammar, constrained_argmax
+from timelyllm_ros.engines.constraint import Row, TokenGrammar, constrained_argmax
 
 
 class Detokenizer(ABC):
@@ -102,9 +102,7 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[tuple[str, str]]) -> list
     return [int(token) for token in ids]
 
 
-def choose_token(generation: KeptTokens, argmax: int,
-                 logits: np.ndarray[Any, Any] | Callable[[], np.ndarray[Any, Any]],
-                 eos: int) -> int:
+def choose_token(generation: KeptTokens, argmax: int, logits: Row, eos: int) -> int:
     """The greedy next token of a generation.
 
     The row's argmax, unless the request asks for more: a ``repetition_penalty`` lowers the
@@ -112,14 +110,16 @@ def choose_token(generation: KeptTokens, argmax: int,
     negative ones multiplied), a grammar keeps the choice inside it, and once fewer than
     ``end_within`` tokens remain, end of text is chosen as soon as the grammar allows it (a
     plan that ends early rather than one cut inside a statement at the token limit).
+
+    ``logits``: the row on the host, a call giving it, or the row where the model left it (a
+    torch tensor, on the GPU say): the penalty then moves only the seen tokens' logits there,
+    and the row comes to the host only if the grammar refuses the argmax. The row may be
+    changed in place.
     """
     request = generation.request
     if request.repetition_penalty != 1.0 and generation.output_ids:
-        row = logits if isinstance(logits, np.ndarray) else logits()
-        seen = np.unique(np.asarray(generation.output_ids, dtype=np.int64))
-        values = row[seen]
-        row[seen] = np.where(values > 0, values / request.repetition_penalty,
-                             values * request.repetition_penalty)
+        row = logits() if callable(logits) else logits
+        penalize(row, generation.output_ids, request.repetition_penalty)
         logits, argmax = row, int(row.argmax())
     grammar = generation.grammar
     if grammar is None:
@@ -132,6 +132,24 @@ def choose_token(generation: KeptTokens, argmax: int,
         return constrained_argmax(argmax, logits, grammar)
     finally:
         generation.grammar_s += time.perf_counter() - started
+
+
+def penalize(row: Any, output_ids: Sequence[int], penalty: float) -> None:
+    """CTRL's repetition penalty in place on a row of logits (a numpy array, or a torch
+    tensor on its device): the logits of the tokens in ``output_ids``, positive ones divided
+    by ``penalty``, the others multiplied."""
+    seen = np.unique(np.asarray(output_ids, dtype=np.int64))
+    if isinstance(row, np.ndarray):
+        index: Any = seen
+    else:
+        import torch
+
+        index = torch.from_numpy(seen).to(row.device)
+    values = row[index]
+    positive = values > 0
+    values[positive] /= penalty
+    values[~positive] *= penalty
+    row[index] = values
 
 
 def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool],

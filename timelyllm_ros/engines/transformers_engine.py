@@ -56,8 +56,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-import numpy as np
-
 from timelyllm_ros.engines.base import Capability, EngineRequest, EngineStats, EvictTo
 from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import (
@@ -766,11 +764,9 @@ class TransformersEngine(RealEngine[_Generation]):
         return self._llguidance
 
     def _choose(self, generation: _Generation, argmax: int, row: Any) -> int:
-        """The greedy token of one row of logits under the generation's grammar (the row is
-        copied to the host only when the argmax is refused)."""
-        return choose_token(generation, argmax,
-                            lambda: np.array(row.float().cpu().numpy(), dtype=np.float32),
-                            min(self.eos_ids, default=-1))
+        """The greedy token of one row of logits (on the model's device) under the
+        generation's penalty and grammar (see :func:`choose_token`)."""
+        return choose_token(generation, argmax, row, min(self.eos_ids, default=-1))
 
 
 def _from_pretrained(transformers: Any, model: str, **options: Any) -> tuple[Any, Any]:
