@@ -135,21 +135,35 @@ def choose_token(generation: KeptTokens, argmax: int, logits: Row, eos: int) -> 
 
 
 def penalize(row: Any, output_ids: Sequence[int], penalty: float) -> None:
-    """CTRL's repetition penalty in place on a row of logits (a numpy array, or a torch
-    tensor on its device): the logits of the tokens in ``output_ids``, positive ones divided
-    by ``penalty``, the others multiplied."""
-    seen = np.unique(np.asarray(output_ids, dtype=np.int64))
-    if isinstance(row, np.ndarray):
-        index: Any = seen
+    """CTRL's repetition penalty in place on one row of logits (see :func:`penalize_rows`)."""
+    penalize_rows(row[None], [0], [output_ids], [penalty])
+
+
+def penalize_rows(logits: Any, rows: Sequence[int], output_ids: Sequence[Sequence[int]],
+                  penalties: Sequence[float]) -> None:
+    """CTRL's repetition penalty in place on rows of a batch's logits (a numpy array, or a
+    torch tensor on its device: one gather and one scatter for all the rows): in row
+    ``rows[i]``, the logits of the tokens in ``output_ids[i]``, positive ones divided by
+    ``penalties[i]``, the others multiplied."""
+    seen = [np.unique(np.asarray(ids, dtype=np.int64)) for ids in output_ids]
+    counts = [len(tokens) for tokens in seen]
+    at_row = np.repeat(np.asarray(rows, dtype=np.int64), counts)
+    at_col = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
+    factor = np.repeat(np.asarray(penalties, dtype=np.float64), counts)
+    if isinstance(logits, np.ndarray):
+        index: Any = (at_row, at_col)
+        factors: Any = factor.astype(logits.dtype)
     else:
         import torch
 
-        index = torch.from_numpy(seen).to(row.device)
-    values = row[index]
+        index = (torch.from_numpy(at_row).to(logits.device),
+                 torch.from_numpy(at_col).to(logits.device))
+        factors = torch.from_numpy(factor).to(device=logits.device, dtype=logits.dtype)
+    values = logits[index]
     positive = values > 0
-    values[positive] /= penalty
-    values[~positive] *= penalty
-    row[index] = values
+    values[positive] /= factors[positive]
+    values[~positive] *= factors[~positive]
+    logits[index] = values
 
 
 def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool],

@@ -63,6 +63,7 @@ from timelyllm_ros.engines.kept import (
     WindowDetokenizer,
     chat_prompt_ids,
     choose_token,
+    penalize_rows,
 )
 from timelyllm_ros.engines.real import ForwardPass, RealEngine
 from timelyllm_ros.errors import EngineError
@@ -78,11 +79,16 @@ _FORCED_CLASS: list[type] = []
 
 
 def _forced_tokens_processor() -> type:
-    """The teacher-forcing logits processor class (built on first use: vLLM is imported only
-    when this engine is used). A request whose ``extra_args`` hold ``timelyllm_forced_ids``
-    can only produce the next of those ids (its ``n``-th output token is ``ids[n]``)."""
+    """This engine's logits processor class (built on first use: vLLM is imported only when
+    this engine is used). It decodes a whole batch at once (:class:`_RowDecoder` per row):
+    the repetition penalties in one gather and scatter on the device, one argmax over the
+    decoded rows (one transfer to the host), then each row's grammar and forced token in
+    Python, and the choices written back as a one-hot row. A request whose ``extra_args``
+    hold ``timelyllm_forced_ids`` can only produce the next of those ids; one with
+    ``timelyllm_decoding`` is a plan segment."""
     if _FORCED_CLASS:
         return _FORCED_CLASS[0]
+    import torch
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
     class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]  # vLLM: Any
@@ -91,18 +97,39 @@ def _forced_tokens_processor() -> type:
 
         def new_req_logits_processor(self, params: Any) -> Any:
             extra = getattr(params, 'extra_args', None) or {}
-            forced = list(extra.get(FORCED_KEY) or ())
-
-            if forced:
-                def force(output_ids: list[int], logits: Any) -> Any:
-                    token = forced[min(len(output_ids), len(forced) - 1)]
-                    logits.fill_(float('-inf'))
-                    logits[token] = 0.0
-                    return logits
-
-                return force
+            if extra.get(FORCED_KEY):
+                return _RowDecoder(forced=list(extra[FORCED_KEY]))
             decoding = extra.get(DECODING_KEY)
-            return _plan_decoder(decoding) if decoding else None
+            return _RowDecoder(decoding=decoding) if decoding else None
+
+        def apply(self, logits: Any) -> Any:
+            # AdapterLogitsProcessor keeps each row's state as partial(decoder, output_ids)
+            rows = [(index, state.func, state.args[-1])
+                    for index, state in self.req_info.items()]
+            if not rows:
+                return logits
+            choices: dict[int, int] = {}
+            planned = []
+            for index, decoder, output_ids in rows:
+                if decoder.forced is not None:
+                    choices[index] = decoder.forced_token(output_ids)
+                else:
+                    planned.append((index, decoder, decoder.advance(output_ids)))
+            penalised = [(index, kept.output_ids, decoder.penalty)
+                         for index, decoder, kept in planned
+                         if decoder.penalty != 1.0 and kept.output_ids]
+            if penalised:
+                penalize_rows(logits, *zip(*penalised, strict=True))
+            if planned:
+                at = torch.tensor([index for index, _, _ in planned], device=logits.device)
+                argmaxes = logits[at].argmax(dim=-1).tolist()
+                for (index, decoder, kept), argmax in zip(planned, argmaxes, strict=True):
+                    choices[index] = decoder.choose(kept, int(argmax), logits[index])
+            at = torch.tensor(list(choices), device=logits.device)
+            chosen = torch.tensor(list(choices.values()), device=logits.device)
+            logits[at] = float('-inf')
+            logits[at, chosen] = 0.0
+            return logits
 
     # importable by name (vLLM's engine-core process unpickles it by reference)
     ForcedTokensLogitsProcessor.__module__ = __name__
@@ -111,36 +138,51 @@ def _forced_tokens_processor() -> type:
     return ForcedTokensLogitsProcessor
 
 
-def _plan_decoder(decoding: dict[str, Any]) -> Any:
-    """The per-request logits function of a plan segment: the engine's shared token choice
-    (:func:`~timelyllm_ros.engines.kept.choose_token`: repetition penalty, grammar, early
-    end) over the kept output ids and this segment's. The grammar state is rebuilt by
-    replaying the ids kept before the segment, so a resumed plan continues where its grammar
-    was, inside an open block too."""
-    tokenizer, eos = _DECODERS[decoding['engine']]
-    kept_ids = list(decoding['kept'])
-    request = EngineRequest('', '', 1, int(decoding['max_tokens']),
-                            end_within=int(decoding['end_within']),
-                            repetition_penalty=float(decoding['repetition_penalty']))
-    grammar = None
-    if decoding.get('grammar'):
-        grammar = tokenizer.grammar(decoding['grammar'])
-        grammar.replay(kept_ids)
-    fed = [0]
+class _RowDecoder:
+    """One request's decoding in this engine's logits processor: a forced script, or a plan
+    segment: the engine's shared token choice
+    (:func:`~timelyllm_ros.engines.kept.choose_token`: grammar, early end; the repetition
+    penalty is applied batch-wide first, the same rule) over the kept output ids and this
+    segment's. The grammar state is rebuilt by replaying the ids kept before the segment, so
+    a resumed plan continues where its grammar was, inside an open block too."""
 
-    def decode(output_ids: list[int], logits: Any) -> Any:
-        new = [int(t) for t in output_ids[fed[0]:]]
-        if grammar is not None:
-            grammar.replay(new)
-        fed[0] = len(output_ids)
-        kept = KeptTokens(request, prompt_ids=[],
-                          output_ids=kept_ids + [int(t) for t in output_ids], grammar=grammar)
-        choice = choose_token(kept, int(logits.argmax()), logits, eos)
-        logits.fill_(float('-inf'))
-        logits[choice] = 0.0
-        return logits
+    def __init__(self, forced: list[int] | None = None,
+                 decoding: dict[str, Any] | None = None) -> None:
+        self.forced = forced
+        self.penalty = 1.0
+        if decoding is None:
+            return
+        tokenizer, self.eos = _DECODERS[decoding['engine']]
+        self.kept_ids = list(decoding['kept'])
+        self.penalty = float(decoding['repetition_penalty'])
+        # choose_token applies no penalty here: the processor has applied it
+        self.request = EngineRequest('', '', 1, int(decoding['max_tokens']),
+                                     end_within=int(decoding['end_within']))
+        self.grammar = None
+        if decoding.get('grammar'):
+            self.grammar = tokenizer.grammar(decoding['grammar'])
+            self.grammar.replay(self.kept_ids)
+        self.fed = 0
 
-    return decode
+    def __call__(self, output_ids: list[int], logits: Any) -> Any:   # vLLM's per-row form
+        raise NotImplementedError('applied batch-wide by ForcedTokensLogitsProcessor')
+
+    def forced_token(self, output_ids: list[int]) -> int:
+        assert self.forced is not None
+        return self.forced[min(len(output_ids), len(self.forced) - 1)]
+
+    def advance(self, output_ids: list[int]) -> KeptTokens:
+        """The generation so far, its grammar fed the segment's new ids."""
+        new = [int(t) for t in output_ids[self.fed:]]
+        if self.grammar is not None:
+            self.grammar.replay(new)
+        self.fed = len(output_ids)
+        return KeptTokens(self.request, prompt_ids=[],
+                          output_ids=self.kept_ids + [int(t) for t in output_ids],
+                          grammar=self.grammar)
+
+    def choose(self, kept: KeptTokens, argmax: int, row: Any) -> int:
+        return choose_token(kept, argmax, row, self.eos)
 
 
 def _import_vllm() -> Any:
