@@ -340,6 +340,15 @@ def free_vllm_memory() -> None:
         current_platform = None
     if current_platform is not None and hasattr(current_platform, '_global_graph_pool'):
         type(current_platform)._global_graph_pool = None
+    # vLLM's V1 model runner switches CUDA-graph capture off process-wide once it has
+    # captured; Model Runner V2 does not switch it back on before its own capture (a V2
+    # engine after a V1 one failed to start, H200, vLLM 0.26.0)
+    try:
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+    except ImportError:
+        set_cudagraph_capturing_enabled = None
+    if set_cudagraph_capturing_enabled is not None:
+        set_cudagraph_capturing_enabled(True)
     import torch
 
     if torch.cuda.is_available():
