@@ -160,3 +160,18 @@ def test_the_repetition_penalty_is_one_rule_on_the_host_and_on_a_device_row() ->
     generation = KeptTokens(request, prompt_ids=[], output_ids=[2])
     for logits in (row.copy(), torch.tensor(row), lambda: row.copy()):
         assert choose_token(generation, 2, logits, eos=0) == 5
+
+
+@pytest.mark.parametrize(('cores', 'threads'), [(1, 1), (2, 1), (4, 3), (16, 15)])
+def test_the_cpu_engine_leaves_one_usable_core_to_the_rest(monkeypatch, cores, threads) -> None:
+    """llama.cpp's threads spin at barriers: on a core another process takes, a step that
+    took 24 ms took 925 ms (2 cores, benchmarks/llamacpp_engine.py). The default leaves one
+    of the cores this process may use (its affinity, not the machine's count) free."""
+    import os
+
+    from timelyllm_ros.engines import llamacpp
+
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 64)
+    assert llamacpp.usable_cores() == cores
+    assert llamacpp.default_threads() == threads

@@ -153,6 +153,27 @@ def bundled_model_path(name: str) -> str | None:
     return None
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: taskset, cgroup cpusets)."""
+    if hasattr(os, 'sched_getaffinity'):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """llama.cpp threads when none are asked for: the usable cores less one, at least one.
+
+    llama.cpp's threads spin at a barrier after every operation for the slowest of them; with
+    a core taken by anything else (the planner's ROS callbacks, a controller, another
+    program) one thread waits a scheduler time slice at every barrier. Measured on 2 cores
+    (``benchmarks/llamacpp_engine.py``, SmolLM2, batch 1): 2 threads 14.7 ms per step idle
+    but 925 ms with one other busy process; 1 thread 24.0 ms idle and 24.0 ms busy. The core
+    left free keeps the engine's speed whatever else runs; ``threads=N`` takes them all on a
+    machine that does nothing else.
+    """
+    return max(1, usable_cores() - 1)
+
+
 def resolve_model(model: str) -> str:
     """A GGUF path for a bundled model name or a path.
 
@@ -228,7 +249,8 @@ class LlamaCppEngine(RealEngine[_Generation]):
                 requests without a script are generated freely.
             prefix_caching: share the KV of prompt prefixes across requests of a prefix_id.
             max_prefixes: prefix sequences kept at most.
-            threads: CPU threads (default: every core).
+            threads: CPU threads (default :func:`default_threads`: the cores this process may
+                use, less one).
             n_batch: most tokens handed to one ``llama_decode`` call.
             n_ubatch: physical batch of llama.cpp.
             flash_attn: llama.cpp's flash attention (faster: skips other sequences' cells).
@@ -263,7 +285,7 @@ class LlamaCppEngine(RealEngine[_Generation]):
         n_seq_max = max(seq_slots or 2 * max_num_seqs, max_num_seqs + 1) + self.max_prefixes
         if n_seq_max > 256:
             raise EngineError(f'{n_seq_max} sequences asked for; llama.cpp allows 256')
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or default_threads()
         self._load_model(extra_buffers, chat_template)
         if flash_attn is None:
             flash_attn = int(llama.llama_model_n_swa(self._model)) == 0

@@ -18,7 +18,6 @@ hardware, engine, date and each figure's provenance.
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import statistics
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ import yaml
 
 from timelyllm_ros.engines.base import Engine, EngineRequest
 from timelyllm_ros.engines.calibration import SCHEMA_VERSION, Calibration, piecewise_linear
+from timelyllm_ros.engines.llamacpp import usable_cores
 from timelyllm_ros.errors import EngineError
 
 # Filler text: plain words, so every tokenizer splits it into roughly one token per word.
@@ -49,8 +49,7 @@ def hardware_label() -> str:
                 break
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-    return f'CPU: {cpu}, {cores} cores ({platform.system()} {platform.machine()})'
+    return f'CPU: {cpu}, {usable_cores()} cores ({platform.system()} {platform.machine()})'
 
 
 def _text(words: int, salt: int) -> str:
