@@ -30,8 +30,10 @@ can still earn utility first) is the policy's, untouched.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Reversible, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
 
@@ -185,24 +187,35 @@ def queue_loss_rate(ctx: AdmissionContext, lost_slopes: LostSlopes | None = None
     return total / count * min(count, free)
 
 
+DecodeSteps = Callable[[int], float]    # batch size -> the engine's decode-step time (s)
+
+
+def _decode_steps(ctx: AdmissionContext) -> DecodeSteps:
+    """The engine's decode-step model, each batch size asked once: one admission test asks
+    it for two sizes up to six times (within a test nothing changes the engine)."""
+    return functools.lru_cache(maxsize=None)(ctx.engine.decode_step_s)
+
+
 def wcet_s(generation: Generation, extra_s: float, batch_size: int,
-           ctx: AdmissionContext) -> float:
-    """Worst-case time to finish the generation's current segment in a batch of the given size."""
+           ctx: AdmissionContext, decode_s: DecodeSteps | None = None) -> float:
+    """Worst-case time to finish the generation's current segment in a batch of the given size
+    (``decode_s``: the engine's decode-step model, default ``ctx.engine.decode_step_s``)."""
+    decode_s = decode_s or ctx.engine.decode_step_s
     remaining = max(ctx.max_segment_tokens(generation) - generation.segment_tokens, 1)
-    model_next = ctx.engine.decode_step_s(batch_size)
+    model_next = decode_s(batch_size)
     if ctx.recent_step_s is None:
         return extra_s + remaining * model_next
-    model_now = ctx.engine.decode_step_s(max(len(ctx.running), 1))
+    model_now = decode_s(max(len(ctx.running), 1))
     scale = model_next / model_now if model_now > 0 else 1.0
     return extra_s + remaining * ctx.recent_step_s * scale
 
 
-def _step_s(batch_size: int, ctx: AdmissionContext) -> float:
+def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> float:
     """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
-    model_next = ctx.engine.decode_step_s(batch_size)
+    model_next = decode_s(batch_size)
     if ctx.recent_step_s is None:
         return model_next
-    model_now = ctx.engine.decode_step_s(max(len(ctx.running), 1))
+    model_now = decode_s(max(len(ctx.running), 1))
     return ctx.recent_step_s * (model_next / model_now if model_now > 0 else 1.0)
 
 
@@ -210,11 +223,11 @@ class BatchColumns:
     """The running batch as arrays (remaining segment tokens, budget, α), in batch order, for
     one admission round: every admission test reads the whole batch, and with a batch of
     hundreds that was the decision's cost. Built at the first test, extended as the round
-    admits (``ctx.running`` is a live view in insertion order), rebuilt if the batch changed
-    otherwise (a preemption)."""
+    admits (``ctx.running`` is a live view in insertion order that a round only appends to),
+    rebuilt if the batch changed otherwise (a preemption). Bringing it up to date looks at
+    the appended generations only, not the whole batch."""
 
     def __init__(self) -> None:
-        self._key: tuple[int, ...] = ()
         self.generations: list[Generation] = []
         self.remaining: Column = np.empty(0)
         self.budget: Column = np.empty(0)
@@ -222,37 +235,54 @@ class BatchColumns:
 
     def of(self, ctx: AdmissionContext) -> BatchColumns:
         """These columns, brought up to date with ``ctx.running``."""
-        key = tuple(map(id, ctx.running))
-        if key == self._key:
+        kept = len(self.generations)
+        added = self._appended(ctx.running)
+        if added is None:                           # not only appended to: rebuild
+            kept, added = 0, list(ctx.running)
+        elif not added:
             return self
-        kept = len(self._key) if key[:len(self._key)] == self._key else 0
-        added = list(ctx.running)[kept:]
         self.generations = self.generations[:kept] + added
         self.remaining = np.concatenate([self.remaining[:kept], [
             max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added]])
         self.budget = np.concatenate([self.budget[:kept], [budget_s(g, ctx) for g in added]])
         self.alpha = np.concatenate([self.alpha[:kept], [g.spec.tuf.alpha for g in added]])
-        self._key = key
         return self
+
+    def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
+        """The generations appended to ``running`` since these columns were built, or None
+        if it changed otherwise. Read from the end (``running`` is reversible, a dict view):
+        with ``m`` more than we hold, the one before the last ``m`` must be our last (a
+        removal would put an appended one there)."""
+        if not self.generations:
+            return list(running)
+        grown = len(running) - len(self.generations)
+        if grown < 0 or not isinstance(running, Reversible):
+            return None
+        tail = list(itertools.islice(reversed(running), grown + 1))
+        if tail[-1] is not self.generations[-1]:
+            return None
+        return tail[-2::-1]
 
 
 def _batch(ctx: AdmissionContext) -> BatchColumns:
     return (ctx.batch_columns if ctx.batch_columns is not None else BatchColumns()).of(ctx)
 
 
-def delay_cost(extra_s: float, ctx: AdmissionContext,
-               batch: BatchColumns | None = None) -> float:
+def delay_cost(extra_s: float, ctx: AdmissionContext, batch: BatchColumns | None = None,
+               decode_s: DecodeSteps | None = None) -> float:
     """Utility the running generations lose if a candidate with run cost ``extra_s`` joins.
 
     Each one's worst-case segment time grows from ``WCET(b)`` to ``WCET(b + 1)`` (plus the
     run cost, :func:`wcet_s`); the part of that delay past its deadline (``now + budget``)
     costs −α per second (Eq. 1, the same slope before and after the zero-utility time).
-    ``batch``: the running batch's columns, if the caller has them up to date.
+    ``batch``: the running batch's columns, if the caller has them up to date; ``decode_s``
+    the engine's decode-step model (:func:`wcet_s`).
     """
     size = len(ctx.running)
     if not size:
         return 0.0
-    step_now, step_next = _step_s(size, ctx), _step_s(size + 1, ctx)
+    decode_s = decode_s or ctx.engine.decode_step_s
+    step_now, step_next = _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s)
     batch = batch if batch is not None else _batch(ctx)
     before = batch.remaining * step_now
     after = extra_s + batch.remaining * step_next
@@ -291,10 +321,11 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
+    decode_s = _decode_steps(ctx)
     if budget > 0:
-        return wcet_s(most_urgent, extra, size + 1, ctx) <= budget
-    wait = wcet_s(most_urgent, 0.0, size, ctx)
+        return wcet_s(most_urgent, extra, size + 1, ctx, decode_s) <= budget
+    wait = wcet_s(most_urgent, 0.0, size, ctx, decode_s)
     gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
-    return delay_cost(extra, ctx, batch) <= gain
+    return delay_cost(extra, ctx, batch, decode_s) <= gain
