@@ -30,7 +30,6 @@ can still earn utility first) is the policy's, untouched.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable, Collection, Reversible, Sequence
@@ -193,7 +192,16 @@ DecodeSteps = Callable[[int], float]    # batch size -> the engine's decode-step
 def _decode_steps(ctx: AdmissionContext) -> DecodeSteps:
     """The engine's decode-step model, each batch size asked once: one admission test asks
     it for two sizes up to six times (within a test nothing changes the engine)."""
-    return functools.lru_cache(maxsize=None)(ctx.engine.decode_step_s)
+    known: dict[int, float] = {}
+    model = ctx.engine.decode_step_s
+
+    def decode_s(batch_size: int) -> float:
+        step = known.get(batch_size)
+        if step is None:
+            step = known[batch_size] = model(batch_size)
+        return step
+
+    return decode_s
 
 
 def wcet_s(generation: Generation, extra_s: float, batch_size: int,
@@ -229,23 +237,40 @@ class BatchColumns:
 
     def __init__(self) -> None:
         self.generations: list[Generation] = []
-        self.remaining: Column = np.empty(0)
-        self.budget: Column = np.empty(0)
-        self.alpha: Column = np.empty(0)
+        self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
+
+    @property
+    def remaining(self) -> Column:
+        """Tokens each running generation has left to its segment's ``l_max`` (at least 1)."""
+        return self._rows[0, :len(self.generations)]
+
+    @property
+    def budget(self) -> Column:
+        """Each running generation's :func:`budget_s`."""
+        return self._rows[1, :len(self.generations)]
+
+    @property
+    def alpha(self) -> Column:
+        """Each running generation's TUF slope α."""
+        return self._rows[2, :len(self.generations)]
 
     def of(self, ctx: AdmissionContext) -> BatchColumns:
         """These columns, brought up to date with ``ctx.running``."""
-        kept = len(self.generations)
         added = self._appended(ctx.running)
         if added is None:                           # not only appended to: rebuild
-            kept, added = 0, list(ctx.running)
+            self.generations, added = [], list(ctx.running)
         elif not added:
             return self
-        self.generations = self.generations[:kept] + added
-        self.remaining = np.concatenate([self.remaining[:kept], [
-            max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added]])
-        self.budget = np.concatenate([self.budget[:kept], [budget_s(g, ctx) for g in added]])
-        self.alpha = np.concatenate([self.alpha[:kept], [g.spec.tuf.alpha for g in added]])
+        start = len(self.generations)
+        end = start + len(added)
+        if end > self._rows.shape[1]:
+            grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
+            grown[:, :start] = self._rows[:, :start]
+            self._rows = grown
+        self._rows[:, start:end] = [
+            [max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added],
+            [budget_s(g, ctx) for g in added], [g.spec.tuf.alpha for g in added]]
+        self.generations.extend(added)
         return self
 
     def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
