@@ -8,7 +8,9 @@ Run in a ROS 2 workspace where this package is built, beside a planner::
 The client sends every goal at once, then plays every robot: each segment that arrives as
 feedback is reported done at once (a default-QoS publisher). It prints how many goals were
 answered, how many ended and how, and the time to the last result: what a user's client with
-rclpy's defaults (10 responses and 10 feedback messages kept) sees under a burst.
+rclpy's defaults (10 responses and 10 feedback messages kept) sees under a burst, and how the
+planner loop kept up with its engine (``scheduler_state``: the engine's share of the loop's wall
+time and the longest it waited for one iteration).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from builtin_interfaces.msg import Time
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
 from timelyllm_ros.action import PlanTask
-from timelyllm_ros.msg import SegmentDone
+from timelyllm_ros.msg import SchedulerState, SegmentDone
 
 from timelyllm_ros.nodes import convert
 
@@ -35,11 +37,18 @@ def main() -> None:
     parser.add_argument('--timeout', type=float, default=600.0, help='s to wait for results')
     parser.add_argument('--action', default='/plan')
     parser.add_argument('--reports', default='/segment_done')
+    parser.add_argument('--state', default='/scheduler_state')
     args = parser.parse_args()
     rclpy.init()
     node = rclpy.create_node('burst_client')
     client = ActionClient(node, PlanTask, args.action)
     reports = node.create_publisher(SegmentDone, args.reports, 10)
+    latest_state: list[SchedulerState] = []
+
+    def keep_state(message: SchedulerState) -> None:
+        latest_state[:] = [message]
+
+    node.create_subscription(SchedulerState, args.state, keep_state, 10)
     if not client.wait_for_server(timeout_sec=30.0):
         raise SystemExit(f'no planner serves {args.action}')
     answered: dict[int, object] = {}
@@ -90,6 +99,13 @@ def main() -> None:
           f'{args.timeout:.0f} s {args.goals - len(results)}')
     for outcome, count in outcomes.most_common():
         print(f'  {count:5d}  {outcome}')
+    for _ in range(10):                      # the planner's state after the last result
+        executor.spin_once(timeout_sec=0.1)
+    if latest_state:
+        state = latest_state[0]
+        print(f'planner loop: {state.loop_iterations} iterations ran the engine; the engine '
+              f'had {state.engine_share:.1%} of their wall time; the longest it waited for '
+              f'one iteration: {state.loop_overhead_max_s * 1e3:.1f} ms')
     node.destroy_node()
     rclpy.try_shutdown()
 

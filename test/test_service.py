@@ -161,3 +161,24 @@ def test_fail_ends_an_active_goal_with_the_reason_once(service):
     service.fail(goal_id, 'again')                       # ended: nothing happens
     service.fail('no-such-goal', 'unknown')
     assert service.state().status != 'failed'
+
+
+def test_state_reports_how_much_the_engine_waits_for_the_loop(service):
+    """Over the iterations that ran the engine: their wall time, the engine's own part of it
+    (the live simulator sleeps through each step) and the longest the engine waited for the
+    loop's own work."""
+    from timelyllm_ros.live.service import LoopLoad
+
+    assert service.state().loop.iterations == 0 and service.state().loop.engine_share == 0.0
+    recorder = Recorder()
+    service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment, recorder.on_end)
+    wait_for(lambda: len(recorder.segments) == 2)
+    loop = service.state().loop
+    assert loop.iterations > 0
+    assert 0.0 < loop.engine_s <= loop.wall_s and 0.0 < loop.engine_share <= 1.0
+    assert 0.0 <= loop.max_overhead_s <= loop.wall_s - loop.engine_s + 1e-12
+    load = LoopLoad()
+    load.record(0.030, 0.025)
+    load.record(0.021, 0.020)
+    assert load.iterations == 2 and load.engine_share == pytest.approx(0.045 / 0.051)
+    assert load.max_overhead_s == pytest.approx(0.005)

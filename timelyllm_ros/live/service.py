@@ -20,8 +20,9 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from timelyllm_ros.core.clock import Clock, WallClock
@@ -61,6 +62,31 @@ def closing_segment(generation: Generation, now: float) -> Segment:
 ServiceStatus = Literal['idle', 'serving', 'failed', 'stopped']
 
 
+@dataclass(slots=True)
+class LoopLoad:
+    """Whether the planner loop keeps up with its engine: over the iterations that ran the
+    engine, their wall time and the engine's own part of it (its step: the model, or the
+    simulator's sleep). What is left, the loop's own work (deciding, taking the tokens,
+    publishing), is time the engine waits for the scheduler."""
+
+    iterations: int = 0
+    wall_s: float = 0.0
+    engine_s: float = 0.0
+    max_overhead_s: float = 0.0     # the longest an engine waited for one iteration
+
+    def record(self, wall_s: float, engine_s: float) -> None:
+        self.iterations += 1
+        self.wall_s += wall_s
+        self.engine_s += engine_s
+        self.max_overhead_s = max(self.max_overhead_s, wall_s - engine_s)
+
+    @property
+    def engine_share(self) -> float:
+        """The engine's share of the loop's wall time (1.0: it never waited; 0 before any
+        iteration)."""
+        return self.engine_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceState:
     """A snapshot of the scheduler for observability (times in s on the service clock)."""
@@ -74,6 +100,7 @@ class ServiceState:
     status: ServiceStatus = 'idle'  # 'failed': the loop gave up (see error); goals refused
     error: str = ''                 # why the service failed, or the last loop error
     engine_preemptions: int = 0     # generations the engine preempted on its own (vLLM)
+    loop: LoopLoad = field(default_factory=LoopLoad)   # so far (a copy)
 
 
 class PlannerService:
@@ -104,6 +131,7 @@ class PlannerService:
         self._status: ServiceStatus = 'idle'
         self.loop_error: str = ''
         self.loop_failures = 0          # loop iterations that raised, in all
+        self.loop_load = LoopLoad()
 
     @classmethod
     def create(cls, policy: str = 'timelyllm', engine: str = 'sim', model: str | None = None,
@@ -266,10 +294,13 @@ class PlannerService:
         """One loop iteration: drain the inbox, tick if there is work (else expire overdue
         reports), then tell the listeners what the scheduler's events say."""
         scheduler = self.scheduler
+        started = time.perf_counter()
         self._drain(block and not scheduler.has_work)
         if scheduler.has_work:
             out = scheduler.tick()
             self._last_batch_size = out.batch_size
+            if out.batch_size:
+                self.loop_load.record(time.perf_counter() - started, out.duration_s)
             events = out.events
         else:
             scheduler.expire_overdue()
@@ -438,4 +469,5 @@ class PlannerService:
                             last_batch_size=self._last_batch_size,
                             priorities=held.priorities, executing=held.executing,
                             status=self._status, error=self.loop_error,
-                            engine_preemptions=held.engine_preemptions)
+                            engine_preemptions=held.engine_preemptions,
+                            loop=replace(self.loop_load))

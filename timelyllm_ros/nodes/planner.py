@@ -504,7 +504,9 @@ class PlannerNode(LifecycleNode):
             running=state.running, batch_size=state.last_batch_size,
             executing=state.executing, active_goals=self._active,
             status=state.status if self._accepting else 'inactive', error=state.error,
-            goal_ids=list(state.priorities), priorities=list(state.priorities.values())))
+            goal_ids=list(state.priorities), priorities=list(state.priorities.values()),
+            loop_iterations=state.loop.iterations, engine_share=state.loop.engine_share,
+            loop_overhead_max_s=state.loop.max_overhead_s))
 
     def destroy_node(self) -> None:
         """End every active goal and let its callback return before the node's handles
