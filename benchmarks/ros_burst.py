@@ -23,6 +23,7 @@ import rclpy
 from builtin_interfaces.msg import Time
 from rclpy.action import ActionClient
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import qos_profile_sensor_data
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.msg import SchedulerState, SegmentDone
 
@@ -48,7 +49,7 @@ def main() -> None:
     def keep_state(message: SchedulerState) -> None:
         latest_state[:] = [message]
 
-    node.create_subscription(SchedulerState, args.state, keep_state, 10)
+    node.create_subscription(SchedulerState, args.state, keep_state, qos_profile_sensor_data)
     if not client.wait_for_server(timeout_sec=30.0):
         raise SystemExit(f'no planner serves {args.action}')
     answered: dict[int, object] = {}
