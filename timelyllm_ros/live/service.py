@@ -294,8 +294,11 @@ class PlannerService:
         """One loop iteration: drain the inbox, tick if there is work (else expire overdue
         reports), then tell the listeners what the scheduler's events say."""
         scheduler = self.scheduler
+        waits = block and not scheduler.has_work
         started = time.perf_counter()
-        self._drain(block and not scheduler.has_work)
+        self._drain(waits)
+        if waits:      # waiting for work is not the engine waiting for the loop
+            started = time.perf_counter()
         if scheduler.has_work:
             out = scheduler.tick()
             self._last_batch_size = out.batch_size

@@ -24,6 +24,7 @@ from builtin_interfaces.msg import Time
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.event_handler import PublisherEventCallbacks
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
 from rclpy.qos import qos_profile_sensor_data
@@ -404,8 +405,12 @@ class PlannerNode(LifecycleNode):
         is lost."""
         publisher = self._robot_results.get(robot_id)
         if publisher is None:
+            # Without rclpy's default QoS-event handlers: each is a waitable that the executor
+            # walks at every spin, and with a publisher per robot a fleet of 500 made the
+            # executor's wait-set work outweigh the planner loop (it shares the GIL).
             publisher = self._robot_results[robot_id] = self.create_publisher(
-                PlanResult, f'{robot_id}/plan_results', reliable(RESULTS_DEPTH))
+                PlanResult, f'{robot_id}/plan_results', reliable(RESULTS_DEPTH),
+                event_callbacks=PublisherEventCallbacks(use_default_callbacks=False))
             self._interfaces.append((self.destroy_publisher, publisher))
         return publisher
 
