@@ -178,3 +178,33 @@ def test_a_grammar_that_does_not_compile_refuses_the_request(engine: Engine) -> 
         engine.register(EngineRequest('broken', PROMPT, 16, 8, grammar='root ::= ('))
     engine.register(EngineRequest('after', PROMPT, 16, 4))   # the engine still works
     engine.release('after')
+
+
+def test_the_device_mask_picks_what_the_host_mask_picks() -> None:
+    """vLLM's processor masks the rows whose argmax the grammar refuses on the device, from
+    llguidance's packed bitmasks in one transfer; it must pick the token the host mask picks
+    (the best allowed), in every grammar state along a plan. The vocabulary is padded, as
+    models round their output layer up: an argmax there is refused, not an llguidance error."""
+    torch = pytest.importorskip('torch', reason='torch is not installed')
+    import numpy as np
+
+    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+    from timelyllm_ros.engines.transformers_engine import ByteTokenizer
+    from timelyllm_ros.engines.vllm_engine import _masked_argmaxes
+
+    pieces = [bytes([i]) for i in range(256)] + [b'<|eos|>', b'<|bos|>']
+    tokenizer = LlguidanceTokenizer.from_pieces(pieces, ByteTokenizer.eos_token_id,
+                                                ByteTokenizer.bos_token_id, list)
+    plan = b"to();mf(100);?iv('cat')==True{g('cat')};ld()"
+    grammar = tokenizer.grammar(plan_grammar(TELLO).gbnf)
+    generator = torch.Generator().manual_seed(0)
+    checked = 0
+    for byte in plan:
+        logits = torch.randn(3, len(pieces) + 14, generator=generator)   # a padded vocabulary
+        if grammar.allows(int(logits[1].argmax())):
+            logits[1, int(logits[1].argmax())] = -1e9      # make the argmax a refused one
+        expected = grammar.best(np.array(logits[1].numpy(), dtype=np.float32))
+        assert _masked_argmaxes(logits, [(1, grammar)]) == {1: expected}
+        checked += 1
+        grammar.accept(byte)
+    assert checked == len(plan)

@@ -6,10 +6,10 @@ kept token ids, so a generation suspended at a segment boundary resumes exactly 
 was, inside an open ``{...}`` too; an engine that must rebuild it (vLLM resubmits a request per
 segment) replays the kept ids into a fresh one with :meth:`TokenGrammar.replay`.
 
-Greedy decoding needs the full mask only when the model's own choice breaks the grammar:
-:func:`constrained_argmax` checks the argmax first (one token) and masks the whole vocabulary
-only when that token is refused, which picks the same token as masking first (the argmax of the
-allowed tokens), at a fraction of the cost.
+Greedy decoding needs the full mask only when the model's own choice breaks the grammar: the
+engines check the argmax first (one token, :func:`~timelyllm_ros.engines.kept.unmasked_choice`)
+and mask the whole vocabulary only when that token is refused, which picks the same token as
+masking first (the argmax of the allowed tokens), at a fraction of the cost.
 
 Two grammar states: llama.cpp's own grammar sampler (in :mod:`.llamacpp`) and
 :class:`LlguidanceGrammar`, an llguidance matcher over any tokenizer (the transformers engine
@@ -78,23 +78,6 @@ def host_row(logits: Row) -> np.ndarray[Any, Any]:
     if callable(logits):
         return logits()  # type: ignore[no-any-return]
     return np.array(logits.float().cpu().numpy(), dtype=np.float32)
-
-
-def constrained_argmax(argmax: int, logits: Row, grammar: TokenGrammar | None) -> int:
-    """The greedy choice under a grammar.
-
-    Args:
-        argmax: The unconstrained argmax of the row.
-        logits: The row (:data:`Row`: brought to the host only when the argmax is refused);
-            it may be masked in place.
-        grammar: The generation's grammar state (``None``: unconstrained).
-
-    Returns:
-        The allowed token with the highest logit (``argmax`` itself when allowed).
-    """
-    if grammar is None or grammar.allows(argmax):
-        return argmax
-    return grammar.best(host_row(logits))
 
 
 def _import_llguidance() -> Any:
@@ -175,14 +158,22 @@ class LlguidanceGrammar(TokenGrammar):
         self.eos_ids = eos_ids
 
     def allows(self, token: int) -> bool:
+        if not 0 <= token < self.vocab_size:
+            # a padded vocabulary's id (models round their output layer up): llguidance would
+            # take it as an error and stop matching
+            return False
         if token in self.eos_ids:
             # validate_tokens refuses EOS where it is the only way on; the grammar is complete.
             return bool(self.matcher.is_accepting())
         return bool(self.matcher.validate_tokens([token]) == 1)
 
+    def packed_mask(self) -> np.ndarray[Any, Any]:
+        """The tokens that may come next as int32 words, bit ``i`` of word ``j`` for token
+        ``32 j + i`` (llguidance's layout, which ``llguidance.torch`` applies on a device)."""
+        return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
+
     def restrict(self, logits: np.ndarray[Any, Any]) -> None:
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8),
-                             bitorder='little')
+        bits = np.unpackbits(self.packed_mask().view(np.uint8), bitorder='little')
         allowed = np.zeros(len(logits), dtype=bool)
         count = min(len(bits), len(logits), self.vocab_size)
         allowed[:count] = bits[:count].astype(bool)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from timelyllm_ros.engines.base import EngineRequest, FinishReason, KvLocation
-from timelyllm_ros.engines.constraint import Row, TokenGrammar, constrained_argmax
+from timelyllm_ros.engines.constraint import Row, TokenGrammar, host_row
 
 
 class Detokenizer(ABC):
@@ -126,12 +126,26 @@ def choose_token(generation: KeptTokens, argmax: int, logits: Row, eos: int) -> 
         return argmax
     started = time.perf_counter()
     try:
-        if request.max_tokens - len(generation.output_ids) <= request.end_within and (
-                grammar.allows(eos)):
-            return eos
-        return constrained_argmax(argmax, logits, grammar)
+        choice = unmasked_choice(generation, argmax, eos)
+        return choice if choice is not None else grammar.best(host_row(logits))
     finally:
         generation.grammar_s += time.perf_counter() - started
+
+
+def unmasked_choice(generation: KeptTokens, argmax: int, eos: int) -> int | None:
+    """:func:`choose_token`'s choice when it needs no mask (after the penalty): end of text
+    once fewer than ``end_within`` tokens remain and the grammar allows it, else the argmax
+    when there is no grammar or it allows the argmax. None when the grammar refuses the
+    argmax: the choice is then the best allowed token of the row (one token checked instead
+    of the whole vocabulary masked, for the same choice)."""
+    grammar = generation.grammar
+    if grammar is None:
+        return argmax
+    request = generation.request
+    if request.max_tokens - len(generation.output_ids) <= request.end_within and (
+            grammar.allows(eos)):
+        return eos
+    return argmax if grammar.allows(argmax) else None
 
 
 def penalize(row: Any, output_ids: Sequence[int], penalty: float) -> None:

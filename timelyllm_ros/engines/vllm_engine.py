@@ -51,6 +51,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+import numpy as np
+
 from timelyllm_ros.engines.base import (
     Capability,
     EngineBehaviour,
@@ -62,8 +64,8 @@ from timelyllm_ros.engines.kept import (
     KeptTokens,
     WindowDetokenizer,
     chat_prompt_ids,
-    choose_token,
     penalize_rows,
+    unmasked_choice,
 )
 from timelyllm_ros.engines.real import ForwardPass, RealEngine
 from timelyllm_ros.errors import EngineError
@@ -123,8 +125,15 @@ def _forced_tokens_processor() -> type:
             if planned:
                 at = torch.tensor([index for index, _, _ in planned], device=logits.device)
                 argmaxes = logits[at].argmax(dim=-1).tolist()
+                refused = []
                 for (index, decoder, kept), argmax in zip(planned, argmaxes, strict=True):
-                    choices[index] = decoder.choose(kept, int(argmax), logits[index])
+                    choice = unmasked_choice(kept, int(argmax), decoder.eos)
+                    if choice is None:
+                        refused.append((index, kept.grammar))
+                    else:
+                        choices[index] = choice
+                if refused:
+                    choices.update(_masked_argmaxes(logits, refused))
             at = torch.tensor(list(choices), device=logits.device)
             chosen = torch.tensor(list(choices.values()), device=logits.device)
             logits[at] = float('-inf')
@@ -138,12 +147,33 @@ def _forced_tokens_processor() -> type:
     return ForcedTokensLogitsProcessor
 
 
+def _masked_argmaxes(logits: Any, refused: list[tuple[int, Any]]) -> dict[int, int]:
+    """The best token each grammar allows in its row, for the rows whose argmax it refused:
+    their llguidance bitmasks go to the device in one transfer and are applied there, one
+    argmax comes back (instead of each whole row to the host and a numpy mask).
+
+    Raises:
+        EngineError: a grammar allows no token.
+    """
+    import torch
+    from llguidance.torch import apply_token_bitmask_inplace
+
+    rows = torch.tensor([index for index, _ in refused], device=logits.device)
+    masks = torch.from_numpy(np.stack([grammar.packed_mask() for _, grammar in refused]))
+    masked = logits[rows]
+    apply_token_bitmask_inplace(masked, masks.to(logits.device))
+    best = masked.argmax(dim=-1)
+    if not bool(torch.isfinite(masked.gather(1, best[:, None])).all()):
+        raise EngineError('the grammar allows no token here')
+    return dict(zip((index for index, _ in refused), best.tolist(), strict=True))
+
+
 class _RowDecoder:
     """One request's decoding in this engine's logits processor: a forced script, or a plan
-    segment: the engine's shared token choice
-    (:func:`~timelyllm_ros.engines.kept.choose_token`: grammar, early end; the repetition
-    penalty is applied batch-wide first, the same rule) over the kept output ids and this
-    segment's. The grammar state is rebuilt by replaying the ids kept before the segment, so
+    segment: the engines' shared token choice (:func:`~timelyllm_ros.engines.kept.choose_token`:
+    the repetition penalty, then the early end or the argmax if the grammar allows it, else
+    the best token it allows), made batch-wide by the processor over the kept output ids and
+    this segment's. The grammar state is rebuilt by replaying the ids kept before the segment, so
     a resumed plan continues where its grammar was, inside an open block too."""
 
     def __init__(self, forced: list[int] | None = None,
@@ -155,7 +185,7 @@ class _RowDecoder:
         tokenizer, self.eos = _DECODERS[decoding['engine']]
         self.kept_ids = list(decoding['kept'])
         self.penalty = float(decoding['repetition_penalty'])
-        # choose_token applies no penalty here: the processor has applied it
+        # the processor applies the penalty batch-wide (self.penalty), not unmasked_choice
         self.request = EngineRequest('', '', 1, int(decoding['max_tokens']),
                                      end_within=int(decoding['end_within']))
         self.grammar = None
@@ -180,9 +210,6 @@ class _RowDecoder:
         return KeptTokens(self.request, prompt_ids=[],
                           output_ids=self.kept_ids + [int(t) for t in output_ids],
                           grammar=self.grammar)
-
-    def choose(self, kept: KeptTokens, argmax: int, row: Any) -> int:
-        return choose_token(kept, argmax, row, self.eos)
 
 
 def _import_vllm() -> Any:
