@@ -200,7 +200,7 @@ def test_the_device_mask_picks_what_the_host_mask_picks() -> None:
     generator = torch.Generator().manual_seed(0)
     checked = 0
     for byte in plan:
-        logits = torch.randn(3, len(pieces) + 14, generator=generator)   # a padded vocabulary
+        logits = torch.randn(3, len(pieces) + 40, generator=generator)   # padded past the mask
         if grammar.allows(int(logits[1].argmax())):
             logits[1, int(logits[1].argmax())] = -1e9      # make the argmax a refused one
         expected = grammar.best(np.array(logits[1].numpy(), dtype=np.float32))

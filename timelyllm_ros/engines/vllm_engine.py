@@ -149,19 +149,25 @@ def _forced_tokens_processor() -> type:
 
 def _masked_argmaxes(logits: Any, refused: list[tuple[int, Any]]) -> dict[int, int]:
     """The best token each grammar allows in its row, for the rows whose argmax it refused:
-    their llguidance bitmasks go to the device in one transfer and are applied there, one
-    argmax comes back (instead of each whole row to the host and a numpy mask).
+    their packed llguidance bitmasks go to the device in one transfer and are applied there,
+    one argmax comes back (instead of each whole row to the host and a numpy mask).
 
     Raises:
         EngineError: a grammar allows no token.
     """
     import torch
-    from llguidance.torch import apply_token_bitmask_inplace
 
     rows = torch.tensor([index for index, _ in refused], device=logits.device)
-    masks = torch.from_numpy(np.stack([grammar.packed_mask() for _, grammar in refused]))
-    masked = logits[rows]
-    apply_token_bitmask_inplace(masked, masks.to(logits.device))
+    words = torch.from_numpy(np.stack([grammar.packed_mask() for _, grammar in refused]))
+    words = words.to(logits.device)
+    # unpacked eagerly here (llguidance.torch's kernel is torch.compile'd: a compilation
+    # inside vLLM's step on first use)
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words[:, :, None] >> bits) & 1).reshape(len(refused), -1).bool()
+    vocab = logits.shape[1]
+    if allowed.shape[1] < vocab:      # ids past the grammar's vocabulary are never allowed
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    masked = logits[rows].masked_fill(~allowed[:, :vocab], float('-inf'))
     best = masked.argmax(dim=-1)
     if not bool(torch.isfinite(masked.gather(1, best[:, None])).all()):
         raise EngineError('the grammar allows no token here')
