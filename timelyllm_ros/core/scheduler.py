@@ -182,9 +182,6 @@ class Scheduler:
         self.clock = clock
         self.config = config or SchedulerConfig()
         self.profiles = profiles if isinstance(profiles, ProfileCache) else ProfileCache(profiles)
-        # per robot kind, read by every admission test (a dict lookup, not a profile load)
-        self._l_max: dict[str, int] = {}
-        self._generation_s: dict[str, float] = {}
         self.queue = GenerationQueue()
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
@@ -766,21 +763,13 @@ class Scheduler:
         return self.profiles(name)
 
     def _profile(self, generation: Generation) -> RobotProfile:
-        return self.profile(generation.spec.profile)
+        return self.profiles(generation.spec.profile)
 
     def _segment_generation_s(self, generation: Generation) -> float:
-        kind = generation.spec.profile
-        seconds = self._generation_s.get(kind)
-        if seconds is None:
-            seconds = self._generation_s[kind] = self.profile(kind).segment_generation_s
-        return seconds
+        return self._profile(generation).segment_generation_s
 
     def _max_segment_tokens(self, generation: Generation) -> int:
-        kind = generation.spec.profile
-        tokens = self._l_max.get(kind)
-        if tokens is None:
-            tokens = self._l_max[kind] = self.profile(kind).max_segment_tokens
-        return tokens
+        return self._profile(generation).max_segment_tokens
 
     def _get(self, task_id: str) -> Generation:
         try:
