@@ -186,3 +186,21 @@ def test_validate_sim_on_the_cpu_engine_compares_every_task(capsys):
         assert all(error is not None and math.isfinite(error)
                    for error in entry['median_abs_rel_error'].values())
         assert entry['real']['overall']['completed'] == entry['sim']['overall']['completed'] == 4
+
+
+def test_a_calibration_names_the_engine_device_and_the_host_cpu(monkeypatch) -> None:
+    """Issue 26: a vLLM calibration on an H100 said 'CPU: Intel Xeon'."""
+    from dataclasses import replace as replaced
+
+    from timelyllm_ros.evaluation.calibrate import hardware_label
+
+    assert hardware_label('cpu').startswith('CPU: ')
+    assert hardware_label('NVIDIA H100 80GB HBM3').startswith(
+        'GPU: NVIDIA H100 80GB HBM3; host CPU: ')
+    engine = create_engine('sim')
+    stats = engine.stats()
+    monkeypatch.setattr(engine, 'stats', lambda: replaced(stats, hardware='NVIDIA H200'))
+    calibration = measure(engine, 'm', 'vllm', lengths=(16, 64), batch_sizes=(1, 2), steps=2,
+                          repeats=1)
+    assert calibration.gpu.startswith('GPU: NVIDIA H200; host CPU: ')
+    assert 'on GPU: NVIDIA H200' in calibration.source

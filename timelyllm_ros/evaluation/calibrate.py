@@ -39,8 +39,10 @@ PREFILL_TOKENS = (16, 64, 128, 256, 512, 1024)
 BATCH_SIZES = (1, 2, 4, 8)
 
 
-def hardware_label() -> str:
-    """The CPU model and core count (and the GPU, if torch sees one)."""
+def hardware_label(device: str = 'cpu') -> str:
+    """Where an engine runs: its accelerator as the engine names it
+    (:attr:`~timelyllm_ros.engines.base.EngineStats.hardware`, e.g. ``NVIDIA H100 80GB HBM3``),
+    then this machine's CPU model and usable cores; the CPU alone for an engine on the CPU."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path('/proc/cpuinfo').read_text(encoding='utf-8').splitlines():
@@ -49,7 +51,10 @@ def hardware_label() -> str:
                 break
     except OSError:
         pass
-    return f'CPU: {cpu}, {usable_cores()} cores ({platform.system()} {platform.machine()})'
+    host = f'CPU: {cpu}, {usable_cores()} cores ({platform.system()} {platform.machine()})'
+    if not device or device.lower() == 'cpu':
+        return host
+    return f'GPU: {device}; host {host}'
 
 
 def _text(words: int, salt: int) -> str:
@@ -232,7 +237,7 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         steps: decode iterations measured per point.
         repeats: prefill measurements per length.
         progress: called with a short label before each measurement.
-        hardware: hardware label (default: this machine's CPU).
+        hardware: hardware label (default: :func:`hardware_label` of the engine's device).
         command: the command line, recorded in ``source``.
     """
     say = progress or (lambda _label: None)
@@ -282,7 +287,7 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         'iteration_overhead_ms': round(fixed, 3),
         'batch_change_ms_per_token': round(change, 6)})
     date = datetime.date.today().isoformat()
-    hardware = hardware or hardware_label()
+    hardware = hardware or hardware_label(engine.stats().hardware)
     source = (f'Measured by `timelyllm calibrate` on {date}: engine {engine_name}, model {model}, '
               f'on {hardware}. Prefill: one iteration of one prompt of N tokens (median of '
               f'{repeats}); decode: median of {steps} iterations per batch size, each sequence '
