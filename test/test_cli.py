@@ -14,7 +14,8 @@ from timelyllm_ros.evaluation.bench import COMPARED_METRICS
 METRIC_KEYS = {'tasks', 'completed', 'utility_mean', 'utility_max', 'response_time_mean_s',
                'waiting_time_mean_s', 'completion_time_mean_s', 'completion_rate',
                'slo_attainment', 'response_time_p95_s', 'response_time_p99_s',
-               'completion_time_p95_s', 'completion_time_p99_s', 'killed'}
+               'completion_time_p95_s', 'completion_time_p99_s', 'killed',
+               'utility_floored_mean', 'plan_utility_mean', 'plan_utility_floored_mean'}
 
 
 @pytest.fixture(scope='module')
@@ -29,6 +30,7 @@ def wid1_bench(tmp_path_factory):
 def test_bench_writes_the_summary_contract(wid1_bench):
     summary = json.loads((wid1_bench / 'summary.json').read_text())
     assert set(summary['policies']) == {'vllm', 'seg-edf', 'timelyllm'}
+    assert summary['seed'] == 3 and summary['robot_jitter'] == 0.0
     for result in summary['policies'].values():
         assert set(result['by_class']) == {'normal', 'urgent'}
         for metrics in [*result['by_class'].values(), result['overall']]:

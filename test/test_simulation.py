@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from utils import make_scheduler, make_spec
 
-from timelyllm_ros.core.request import TaskStatus
+from timelyllm_ros.core.request import Generation, Segment, TaskStatus
 from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.core.tuf import NORMAL, Tuf
 from timelyllm_ros.engines import create_engine
@@ -385,6 +385,60 @@ def test_task_metrics_failed() -> None:
     assert agg['utility_mean'] == 0.0 and math.isnan(agg['completion_time_mean_s'])
 
 
+def _ended(status: TaskStatus, done: float | None, starts: tuple[tuple[float, float], ...] = (),
+           task_class: str = 'normal') -> Generation:
+    """A goal (arrived at 0) whose robot started and ended the given segments."""
+    generation = Generation(make_spec(task_class=task_class), seq=0, status=status)
+    generation.done_time = math.nan if done is None else done
+    for index, (start, end) in enumerate(starts):
+        generation.segments.append(Segment(
+            index=index, text='mf(50);', statements=(), cut_time=start, dispatch_time=start,
+            estimated_exec_s=1.0, tokens=5, start_time=start, end_time=end))
+    return generation
+
+
+def test_a_goal_without_its_plan_scores_its_tuf_when_the_robot_learns_it() -> None:
+    """Issue 26: min(0, TUF₀(t)) at the ending; never more than serving the goal then."""
+    early = task_metrics(_ended(TaskStatus.KILLED, done=0.3))
+    assert early.utility == 0.0 and early.plan_utility == 0.0      # TUF₀(0.3) = β: capped
+    late = task_metrics(_ended(TaskStatus.KILLED, done=2.0))
+    assert late.utility == pytest.approx(NORMAL.utility(2.0)) == pytest.approx(-1.0)
+    assert late.plan_utility == pytest.approx(-1.0)
+    urgent = task_metrics(_ended(TaskStatus.FAILED, done=0.8, task_class='urgent'))
+    assert urgent.utility == pytest.approx(2.0 - 6.6667 * 0.6, abs=1e-3)
+    # a late kill costs exactly what the late plan would have earned as a response
+    served = task_metrics(_ended(TaskStatus.FINISHED, done=5.0, starts=((2.0, 5.0),)))
+    assert served.utility == late.utility
+    assert late.response_time_s != late.response_time_s              # left out of time means
+
+
+def test_an_open_goal_scores_at_the_end_of_the_run() -> None:
+    waiting = _ended(TaskStatus.WAITING, done=None)
+    assert task_metrics(waiting).utility == 0.0                      # no time given: 0
+    assert task_metrics(waiting, now=3.0).utility == pytest.approx(NORMAL.utility(3.0))
+
+
+def test_plan_utility_counts_started_segments_and_the_one_waited_for() -> None:
+    # s₀ started at 0.5 (TUF₀ = 1), ended at 2.0; killed at 3.0 while the robot waited 1 s
+    # for s₁: TUF₁(1.0) = -1, so the plan scores 1 - 1 = 0; the response counts the ending
+    killed = task_metrics(_ended(TaskStatus.KILLED, done=3.0, starts=((0.5, 2.0),)))
+    assert killed.plan_utility == pytest.approx(1.0 + NORMAL.utility_suspended(1.0))
+    assert killed.utility == pytest.approx(NORMAL.utility(3.0))
+    # a robot still executing s₀ when the goal ended was waiting for nothing yet
+    busy = task_metrics(_ended(TaskStatus.FAILED, done=3.0, starts=((0.5, math.nan),)))
+    assert busy.plan_utility == 1.0
+
+
+def test_floored_utility_beside_the_signed_one() -> None:
+    rows = [task_metrics(_ended(TaskStatus.KILLED, done=2.0)),
+            task_metrics(_ended(TaskStatus.FINISHED, done=2.0, starts=((0.5, 2.0),)))]
+    m = aggregate(rows)
+    assert m['utility_mean'] == pytest.approx((-1.0 + 1.0) / 2)
+    assert m['utility_floored_mean'] == pytest.approx(0.5)
+    assert m['plan_utility_floored_mean'] == pytest.approx(0.5)
+    assert m['completion_rate'] == 0.5
+
+
 # -- batch modes and the paper's setup ---------------------------------------------------------
 def test_fixed_batch_mode_admits_by_cap_and_memory_only() -> None:
     """At a cap of 6 under load, latency-guided admission keeps some batches below the cap;
@@ -411,3 +465,18 @@ def test_the_paper_setup_keeps_timelyllm_ahead_of_vllm_on_wid1() -> None:
         if policy == 'timelyllm':
             assert engine.resumes > 0 and engine.resume_tokens > 0   # resumes were charged
     assert urgent['timelyllm'] > urgent['vllm']
+
+
+def test_robot_jitter_makes_the_seed_matter_on_recorded_workloads() -> None:
+    """Issue 26: the authors' workloads carry recorded arrivals and skill times, so the seed
+    changed nothing; a robot jitter draws every execution time from it."""
+    _, tasks = resolve_workload('authors-drone', seed=0)
+    tasks = sorted(tasks, key=lambda t: t.arrival_time)[:12]
+
+    def completions(seed: int, jitter: float) -> list[float]:
+        result = simulate(tasks, 'timelyllm', seed=seed, robot_jitter=jitter)
+        return [task_metrics(g).completion_time_s for g in result.generations]
+
+    assert completions(0, 0.0) == completions(1, 0.0)          # recorded times: no draw
+    assert completions(0, 0.1) != completions(1, 0.1)
+    assert completions(1, 0.1) == completions(1, 0.1)          # and reproducible

@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f'workload {name}: {len(tasks)} tasks, policy {args.policy}, seed {args.seed}, '
           f'engine {args.engine}')
     result = simulate(tasks, args.policy, seed=args.seed, config=_config(args),
-                      engine=engine.build())
+                      engine=engine.build(), robot_jitter=args.robot_jitter)
     summary = run_summary(result)
     print(summary_tables(summary))
     run = summary['run']
@@ -140,7 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             started = True
 
         summary = run_bench(name, tasks, policies, Path(args.out), seed=args.seed,
-                            config=_config(args),
+                            config=_config(args), robot_jitter=args.robot_jitter,
                             engine=_engine_options(args),
                             batch_sizes=sizes, progress=progress)
         bar.update(steps - bar.n)
@@ -191,7 +191,7 @@ def cmd_simspeed(args: argparse.Namespace) -> int:
     for policy in resolve_policy_names(args.policies):
         best = None
         for _ in range(args.repeats):
-            result = simulate(tasks, policy, seed=args.seed)
+            result = simulate(tasks, policy, seed=args.seed, robot_jitter=args.robot_jitter)
             speed = result.sim_time_s / result.wall_time_s
             best = speed if best is None else max(best, speed)
         results[policy] = best
@@ -350,7 +350,8 @@ def cmd_validate_sim(args: argparse.Namespace) -> int:
             print(f'validate-sim: {label}', file=sys.stderr, flush=True)
 
     result = validate(tasks, resolve_policy_names(args.policies), _engine_options(args),
-                      config=_config(args), seed=args.seed, progress=progress)
+                      config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter,
+                      progress=progress)
     if args.json:
         print(json.dumps(result, default=str))
         return 0
@@ -426,7 +427,15 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                         help=f'{"|".join(workload_names())} (default wid1)')
     parser.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
     parser.add_argument('--compose', help='programmable composition, e.g. "(1,2),8,9"')
-    parser.add_argument('--seed', type=SEED, default=0, help='seeds arrivals and robots')
+    parser.add_argument('--seed', type=SEED, default=0,
+                        help="seeds a generated workload's arrivals and the robots' execution "
+                             "times drawn from their model; the authors' workloads carry "
+                             'recorded arrivals and skill times, so on them only '
+                             '--robot-jitter makes runs differ by seed')
+    parser.add_argument('--robot-jitter', type=float_arg(0.0, 10.0), default=0.0, metavar='SD',
+                        help='relative standard deviation drawn (from --seed) on every '
+                             'simulated segment execution time, recorded or modelled '
+                             '(default 0: the times as they are)')
     parser.add_argument('--comm-ms', type=float_arg(0.0, 3_600_000.0), default=8.0,
                         help='network latency (ms)')
     parser.add_argument('--max-batch', type=int_arg(1, MAX_BATCH), default=None,

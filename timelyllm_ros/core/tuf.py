@@ -65,6 +65,17 @@ class Tuf:
         """TUF₁(t) = min(β, α·max(t, 0) + β)."""
         return min(self.beta, self.alpha * max(t, 0.0) + self.beta)
 
+    def unserved(self, t: float, suspended: bool = False) -> float:
+        """Utility of a segment that never comes, ``t`` seconds into the wait when the robot
+        learns it (the goal was killed, failed, or is still open): ``min(0, TUF(t))``.
+
+        Eq. 1 prices a response; a robot that gets none earns no β, but the wait it spent
+        costs what any response at that time would once the TUF is negative. So an early
+        refusal is worth 0 (never more than a plan delivered then) and a late one as much as
+        the late plan: ending a hopeless goal early is rewarded only for being early.
+        """
+        return min(0.0, self.utility_suspended(t) if suspended else self.utility(t))
+
 
 NORMAL = Tuf(beta=1.0, ert_s=1.0, alpha=-2.0)
 """Normal robot tasks: ERT 1 s, β = 1, utility 0 at 1.5 s."""

@@ -33,9 +33,9 @@ SWEEP_BATCH_MODE: BatchMode = 'fixed'
 authors' artifact do: admission by the cap and memory only, for every policy."""
 
 # Figures every policy is compared on, TimelyLLM's and those the rival schedulers optimise.
-COMPARED_METRICS = ('utility_mean', 'slo_attainment', 'completion_rate', 'response_time_mean_s',
-                    'response_time_p95_s', 'response_time_p99_s', 'waiting_time_mean_s',
-                    'completion_time_p99_s')
+COMPARED_METRICS = ('utility_mean', 'utility_floored_mean', 'slo_attainment', 'completion_rate',
+                    'response_time_mean_s', 'response_time_p95_s', 'response_time_p99_s',
+                    'waiting_time_mean_s', 'completion_time_p99_s')
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +98,16 @@ def run_bench(
     engine: EngineOptions | None = None,
     batch_sizes: Sequence[int] = (),
     progress: Callable[[str], None] | None = None,
+    robot_jitter: float = 0.0,
 ) -> dict[str, Any]:
-    """Run every policy on the tasks; write summary.json, tasks.csv and the figures."""
+    """Run every policy on the tasks; write summary.json, tasks.csv and the figures
+    (``robot_jitter``: :func:`~timelyllm_ros.evaluation.simulation.simulate`'s)."""
     config = config or SchedulerConfig()
     engine = engine or EngineOptions()
     out.mkdir(parents=True, exist_ok=True)
     per_policy: dict[str, dict[str, Any]] = {}
     summary: dict[str, object] = {
-        'workload': workload, 'seed': seed, 'tasks': len(tasks),
+        'workload': workload, 'seed': seed, 'robot_jitter': robot_jitter, 'tasks': len(tasks),
         'comm_s': config.comm_s, 'max_batch': config.max_batch,
         'batch_mode': config.batch_mode,
         'engine': engine.describe(),
@@ -118,7 +120,8 @@ def run_bench(
     for policy in policies:
         if progress:
             progress(policy)
-        result = simulate(tasks, policy, seed=seed, config=config, engine=engine.build())
+        result = simulate(tasks, policy, seed=seed, config=config, engine=engine.build(),
+                          robot_jitter=robot_jitter)
         policy_summary: dict[str, Any] = run_summary(result)
         per_policy[policy] = policy_summary
         by_type[policy] = policy_summary['by_type']
@@ -128,19 +131,24 @@ def run_bench(
             rows.append({'policy': policy, **as_row(task_metrics(generation))})
     if batch_sizes:
         sweep: dict[str, dict[int, float]] = {}
+        sweep_completion: dict[str, dict[int, float]] = {}
         for policy in [p for p in ('vllm', 'timelyllm') if p in policies] or list(policies):
             for size in batch_sizes:
                 if progress:
                     progress(f'{policy} batch {size}')
                 sized = replace(config, max_batch=size, batch_mode=SWEEP_BATCH_MODE)
                 result = simulate(tasks, policy, seed=seed, config=sized,
-                                  engine=engine.build())
+                                  engine=engine.build(), robot_jitter=robot_jitter)
                 overall = aggregate([task_metrics(g) for g in result.generations])
                 sweep.setdefault(policy, {})[size] = float(overall['utility_mean'])
+                sweep_completion.setdefault(policy, {})[size] = float(overall['completion_rate'])
         summary['batch_sweep'] = {p: {str(k): v for k, v in s.items()} for p, s in sweep.items()}
+        summary['batch_sweep_completion'] = {p: {str(k): v for k, v in s.items()}
+                                             for p, s in sweep_completion.items()}
         summary['batch_sweep_mode'] = SWEEP_BATCH_MODE
         batch_sweep(out / 'fig7_batch_sweep.png', sweep,
-                    f'{workload}: utility vs batch size ({SWEEP_BATCH_MODE} batch)')
+                    f'{workload}: utility vs batch size ({SWEEP_BATCH_MODE} batch)',
+                    sweep_completion)
     (out / 'summary.json').write_text(json.dumps(_finite(summary), indent=2) + '\n')
     with (out / 'tasks.csv').open('w', newline='') as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ['policy'])

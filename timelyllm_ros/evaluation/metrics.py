@@ -11,8 +11,16 @@ The rival schedulers optimise other figures, reported beside these: the completi
 completes and its response time is within the ERT of its TUF₀, i.e. at full utility) and tail
 latencies (Autellix: p95 / p99).
 
-A task that did not complete earns no utility (0) and is left out of the time means and
-percentiles.
+A task that never gets its whole plan (killed, failed, cancelled, or still open when the run
+ends) is left out of the time means and percentiles, and scores what its robot's wait cost
+when it learns no plan (or no more of it) comes (:meth:`~timelyllm_ros.core.tuf.Tuf.unserved`):
+``min(0, TUF₀(t − arrival))``, 0 for an early ending and negative once its TUF is, as a late
+plan would be. So ending a goal is never worth more than serving it at that time, and a policy
+cannot raise its utility by killing goals it would serve late (issue 26). The plan utility
+(Eq. 3) counts the segments the robot started, and the segment it was waiting for when it
+learned, with the same rule. ``utility_floored_mean`` beside the signed mean floors every task
+at 0 (the paper's figures never show negative utility), and the completion rate says how many
+goals the utility is about.
 """
 
 from __future__ import annotations
@@ -53,32 +61,47 @@ class TaskMetrics:
         return self.status == TaskStatus.FINISHED.name
 
 
-def task_metrics(generation: Generation) -> TaskMetrics:
-    """Metrics of one task from its generation record."""
+def task_metrics(generation: Generation, now: float | None = None) -> TaskMetrics:
+    """Metrics of one task from its generation record.
+
+    Args:
+        generation: the task's record.
+        now: the end of the run, for a goal still open then: its robot has had no plan by
+            it. A goal still open without it scores 0 (a live goal asked about early).
+    """
     spec = generation.spec
     segments = generation.segments
     finished = generation.status == TaskStatus.FINISHED
     nan = math.nan
+    tuf = spec.tuf
     waits: list[float] = []
     execution = 0.0
-    if finished:
-        previous_end = spec.arrival_time
-        for segment in segments:
-            waits.append(segment.start_time - previous_end)
-            execution += segment.end_time - segment.start_time
-            previous_end = segment.end_time
-    response = waits[0] if waits else nan
-    tuf = spec.tuf
+    previous_end: float | None = spec.arrival_time
+    for segment in segments:
+        if math.isnan(segment.start_time) or previous_end is None:
+            break
+        waits.append(segment.start_time - previous_end)
+        execution += segment.end_time - segment.start_time
+        previous_end = None if math.isnan(segment.end_time) else segment.end_time
     plan_utility = (tuf.utility(waits[0]) + sum(tuf.utility_suspended(w) for w in waits[1:])
                     if waits else 0.0)
+    utility = 0.0
+    learned = generation.done_time if generation.status.terminal else now
+    if finished:
+        utility = tuf.utility(waits[0])
+    elif learned is not None and not math.isnan(learned):
+        utility = tuf.unserved(learned - spec.arrival_time)
+        if previous_end is not None:        # the robot was waiting for the next segment
+            plan_utility += tuf.unserved(learned - previous_end, suspended=bool(waits))
+    response = waits[0] if finished else nan
     return TaskMetrics(
         task_id=spec.task_id, robot_id=spec.robot_id, task_class=spec.task_class,
         task_type=spec.task_type, status=generation.status.name,
         arrival_time=spec.arrival_time, segments=len(segments), response_time_s=response,
-        waiting_time_s=sum(waits) if waits else nan,
+        waiting_time_s=sum(waits) if finished else nan,
         execution_time_s=execution if finished else nan,
         completion_time_s=(segments[-1].end_time - spec.arrival_time) if finished else nan,
-        utility=tuf.utility(response) if finished else 0.0, utility_max=tuf.beta,
+        utility=utility, utility_max=tuf.beta,
         plan_utility=plan_utility, suspensions=generation.suspensions, error=generation.error,
         slo_met=finished and response <= tuf.ert_s,
     )
@@ -106,6 +129,7 @@ def aggregate(rows: Sequence[TaskMetrics]) -> dict[str, float | int]:
         'completion_rate': len(done) / n if n else math.nan,
         'slo_attainment': sum(r.slo_met for r in rows) / n if n else math.nan,
         'utility_mean': _mean(r.utility for r in rows) if rows else math.nan,
+        'utility_floored_mean': _mean(max(r.utility, 0.0) for r in rows) if rows else math.nan,
         'utility_max': (sum(r.utility_max for r in rows) / n) if n else math.nan,
         'response_time_mean_s': _mean(responses),
         'waiting_time_mean_s': _mean(r.waiting_time_s for r in done),
@@ -115,6 +139,8 @@ def aggregate(rows: Sequence[TaskMetrics]) -> dict[str, float | int]:
         'completion_time_p95_s': _percentile(completions, 95),
         'completion_time_p99_s': _percentile(completions, 99),
         'plan_utility_mean': _mean(r.plan_utility for r in rows) if rows else math.nan,
+        'plan_utility_floored_mean': (_mean(max(r.plan_utility, 0.0) for r in rows)
+                                      if rows else math.nan),
     }
 
 

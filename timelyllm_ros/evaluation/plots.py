@@ -11,10 +11,13 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from timelyllm_ros.evaluation.tables import is_utility  # noqa: E402
+
 Summary = Mapping[str, Mapping[str, float | int]]   # group -> metric -> value
 
 METRIC_LABELS = {
     'utility_mean': 'time utility',
+    'utility_floored_mean': 'time utility, late tasks at 0',
     'response_time_mean_s': 'response time (s)',
     'waiting_time_mean_s': 'robot waiting time (s)',
     'completion_time_mean_s': 'task completion time (s)',
@@ -28,7 +31,8 @@ METRIC_LABELS = {
 
 def grouped_bars(path: Path, by_policy: Mapping[str, Summary], metric: str, title: str,
                  show_max: bool = False) -> Path:
-    """One bar per policy for each group (task type or class) — Fig. 5 / 8 / 9 style."""
+    """One bar per policy for each group (task type or class) — Fig. 5 / 8 / 9 style; a
+    utility's bars carry their completion rate."""
     policies = list(by_policy)
     groups = sorted({g for summary in by_policy.values() for g in summary},
                     key=lambda g: (len(g), g))
@@ -36,8 +40,12 @@ def grouped_bars(path: Path, by_policy: Mapping[str, Summary], metric: str, titl
     x = np.arange(len(groups))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(groups) + 2), 3.6))
     for i, policy in enumerate(policies):
-        values = [by_policy[policy].get(g, {}).get(metric, np.nan) for g in groups]
-        ax.bar(x + (i - (len(policies) - 1) / 2) * width, values, width, label=policy)
+        blocks = [by_policy[policy].get(g, {}) for g in groups]
+        bars = ax.bar(x + (i - (len(policies) - 1) / 2) * width,
+                      [b.get(metric, np.nan) for b in blocks], width, label=policy)
+        if is_utility(metric):
+            ax.bar_label(bars, labels=[_percent(b.get('completion_rate')) for b in blocks],
+                         fontsize=5, rotation=90, padding=2)
     if show_max:
         first = next(iter(by_policy.values()))
         maxima = [first.get(g, {}).get('utility_max', np.nan) for g in groups]
@@ -55,12 +63,22 @@ def grouped_bars(path: Path, by_policy: Mapping[str, Summary], metric: str, titl
     return path
 
 
-def batch_sweep(path: Path, sweep: Mapping[str, Mapping[int, float]], title: str) -> Path:
-    """Overall utility against a fixed maximum batch size, one line per policy — Fig. 7."""
+def _percent(value: float | int | None) -> str:
+    return '' if value is None or value != value else f'{value:.0%}'
+
+
+def batch_sweep(path: Path, sweep: Mapping[str, Mapping[int, float]], title: str,
+                completion: Mapping[str, Mapping[int, float]] | None = None) -> Path:
+    """Overall utility against a fixed maximum batch size, one line per policy — Fig. 7;
+    each point labelled with its completion rate when given."""
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     for policy, points in sweep.items():
         sizes = sorted(points)
         ax.plot(sizes, [points[s] for s in sizes], marker='o', label=policy)
+        rates = completion.get(policy, {}) if completion is not None else {}
+        for size in sizes if rates else ():
+            ax.annotate(_percent(rates.get(size)), (size, points[size]),
+                        fontsize=5, textcoords='offset points', xytext=(0, 4), ha='center')
     ax.set_xlabel('maximum batch size')
     ax.set_ylabel('mean time utility')
     ax.set_title(title)

@@ -11,7 +11,9 @@ from typing import Any, Literal
 
 # (summary key, column header, format) of the metrics a run's table shows
 SUMMARY_COLUMNS = (('tasks', 'tasks', '{:d}'), ('completed', 'done', '{:d}'),
-                   ('utility_mean', 'utility', '{:.3f}'), ('utility_max', 'max', '{:.2f}'),
+                   ('completion_rate', 'done %', '{:.0%}'),
+                   ('utility_mean', 'utility', '{:.3f}'),
+                   ('utility_floored_mean', 'floored', '{:.3f}'), ('utility_max', 'max', '{:.2f}'),
                    ('response_time_mean_s', 'response s', '{:.3f}'),
                    ('waiting_time_mean_s', 'waiting s', '{:.3f}'),
                    ('completion_time_mean_s', 'completion s', '{:.2f}'))
@@ -48,10 +50,17 @@ def metrics_table(title: str, rows: Mapping[str, Mapping[str, Any]], label: str)
     return text_table(header, body, title=title)
 
 
+def is_utility(metric: str) -> bool:
+    """Whether a summary metric is a utility, shown with the completion rate beside it: a
+    utility says nothing about the goals that never got their plan without it."""
+    return 'utility' in metric and metric != 'utility_max'
+
+
 def metrics_matrix(title: str, results: Mapping[str, Mapping[str, Any]], metric: str,
                    sections: Sequence[str] = ('by_type', 'by_class')) -> str:
     """Rows = task types and/or classes, then overall; columns = policies; cells = one metric
-    (plus the maximum utility, for ``utility_mean``)."""
+    (a utility with the completion rate in brackets, and the maximum utility beside
+    ``utility_mean``)."""
     policies = list(results)
     first = next(iter(results.values()))
     groups = [(section, g) for section in sections for g in first[section]] + [
@@ -62,11 +71,20 @@ def metrics_matrix(title: str, results: Mapping[str, Mapping[str, Any]], metric:
     for section, group in groups:
         blocks = {p: results[p][section] if section == 'overall'
                   else results[p][section].get(group, {}) for p in policies}
-        row = [group, *(format_value(blocks[p].get(metric), '{:.3f}') for p in policies)]
+        row = [group, *(_cell(blocks[p], metric) for p in policies)]
         if with_max:
             row.append(format_value(blocks[policies[0]].get('utility_max'), '{:.2f}'))
         body.append(row)
+    if is_utility(metric):
+        title += ' (completion rate)'
     return text_table(header, body, title=title)
+
+
+def _cell(block: Mapping[str, Any], metric: str) -> str:
+    value = format_value(block.get(metric), '{:.3f}')
+    if not is_utility(metric):
+        return value
+    return f"{value} ({format_value(block.get('completion_rate'), '{:.0%}')})"
 
 
 def summary_tables(summary: Mapping[str, Any]) -> str:

@@ -73,7 +73,7 @@ def median_abs_rel_error(real: Sequence[float], sim: Sequence[float]) -> float |
 
 
 def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOptions,
-             config: SchedulerConfig | None = None, seed: int = 0,
+             config: SchedulerConfig | None = None, seed: int = 0, robot_jitter: float = 0.0,
              calibration: Calibration | None = None,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run every policy on the real engine and on its calibrated twin; compare per task.
@@ -84,6 +84,8 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         engine: how to build the real engine (one fresh engine per run).
         config: scheduler configuration of every run.
         seed: seeds the simulated robots of every run.
+        robot_jitter: relative spread of the robots' execution times (the same draws in the
+            real and the simulated run of a policy).
         calibration: the real engine's calibration (default: measured now, on a fresh engine).
         progress: called with a short label before each step.
     """
@@ -110,14 +112,15 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         real_engine = engine.build()
         counter = _token_counter(real_engine)
         try:
-            real = simulate(tasks, policy, seed=seed, config=config, engine=real_engine)
+            real = simulate(tasks, policy, seed=seed, config=config, engine=real_engine,
+                            robot_jitter=robot_jitter)
             by_id = {g.task_id: g for g in real.generations}
             twins = [sim_twin(spec, by_id[spec.task_id], counter) if spec.task_id in by_id
                      else spec for spec in tasks]
         finally:
             real_engine.close()
         say(f'{policy} on the simulator')
-        sim = simulate(twins, policy, seed=seed, config=config,
+        sim = simulate(twins, policy, seed=seed, config=config, robot_jitter=robot_jitter,
                        engine=SimulatedEngine(calibration))
         real_metrics = {g.task_id: task_metrics(g) for g in real.generations}
         sim_metrics = {g.task_id: task_metrics(g) for g in sim.generations}
