@@ -4,13 +4,21 @@ on the simulated engine; the CPU engine's runs are in test_engine_llamacpp.py)."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from timelyllm_ros.cli import main
 from timelyllm_ros.engines import create_engine
+from timelyllm_ros.engines.base import EngineRequest, StepResult
 from timelyllm_ros.engines.calibration import CALIBRATION_DIR, load_calibration
-from timelyllm_ros.evaluation.calibrate import measure, write_calibration
+from timelyllm_ros.engines.faults import FaultInjectingEngine
+from timelyllm_ros.evaluation.calibrate import (
+    first_output,
+    measure,
+    measure_context_prefill,
+    write_calibration,
+)
 from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 
 
@@ -204,3 +212,45 @@ def test_a_calibration_names_the_engine_device_and_the_host_cpu(monkeypatch) -> 
                           repeats=1)
     assert calibration.gpu.startswith('GPU: NVIDIA H200; host CPU: ')
     assert 'on GPU: NVIDIA H200' in calibration.source
+
+
+class _LateOutputs(FaultInjectingEngine):
+    """An engine that hands each iteration's outputs out one step late, as vLLM's
+    asynchronous scheduling does (the GPU default of recent vLLM)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner, {})
+        self._held: StepResult | None = None
+
+    def step(self, only=None) -> StepResult:
+        result = super().step(only)
+        held, self._held = self._held, result
+        late = held if held is not None else StepResult(duration_s=0.0)
+        return replace(late, duration_s=result.duration_s, batch_size=result.batch_size)
+
+    def pause(self, request_id: str) -> None:
+        super().pause(request_id)
+        if self._held is not None:      # the late token of a cut segment is dropped (trimmed)
+            for produced in (self._held.text, self._held.token_ids, self._held.finished):
+                produced.pop(request_id, None)
+
+
+def test_calibration_and_seg_overhead_read_a_join_whose_output_comes_a_step_late() -> None:
+    """Issue 26: on the H100 (vLLM 0.26) the cached-prefix prefill was 'not measured' and
+    seg-overhead's prefix_reuse null: both read only the step right after a join."""
+    plain = measure_context_prefill(create_engine('sim'), lambda t: 0.0, 0.0)
+    late_engine = _LateOutputs(create_engine('sim'))
+    output = first_output(late_engine, _join(late_engine))
+    assert output.steps == 2 and output.prefill_tokens > 0
+    late = measure_context_prefill(_LateOutputs(create_engine('sim')), lambda t: 0.0, 0.0)
+    assert plain is not None and late is not None and late > 0
+    reuse = segmentation_overhead(_LateOutputs(create_engine('sim')), [1])['1']['prefix_reuse']
+    assert reuse == segmentation_overhead(create_engine('sim'), [1])['1']['prefix_reuse']
+    assert reuse is not None and reuse > 0
+
+
+def _join(engine) -> str:
+    engine.register(EngineRequest(request_id='j', prompt='a b c', prompt_tokens=64,
+                                  max_tokens=4, script=(' a',) * 4))
+    engine.run('j')
+    return 'j'

@@ -80,10 +80,10 @@ def generate(engine: Engine, request: EngineRequest, profile: RobotProfile,
                                   f'iterations')
             result = engine.step()
             engine_s += result.duration_s
-            if resumed:
+            if resumed:     # until its first token (a step later under async scheduling)
                 served += result.prefix_cached_tokens
                 recomputed += result.prefill_tokens
-                resumed = False
+                resumed = not result.produced(request_id) and request_id not in result.finished
             ids.extend(result.token_ids.get(request_id, ()))
             piece = result.text.get(request_id)
             if piece is not None:
