@@ -19,6 +19,7 @@ from timelyllm_ros.evaluation.calibrate import (
     measure_context_prefill,
     write_calibration,
 )
+from timelyllm_ros.evaluation.recording import load_recording
 from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 
 
@@ -163,6 +164,45 @@ def test_validate_sim_against_the_simulator_itself_is_exact_and_keeps_the_rankin
         assert all(error < 0.03 for error in entry['median_abs_rel_error'].values())
         assert entry['real']['overall']['tasks'] == entry['sim']['overall']['tasks'] == 8
         assert len(entry['tasks']) == 8
+
+
+def test_a_recording_replays_offline_as_the_live_comparison(capsys, tmp_path):
+    """Issue 26: `validate-sim --record` keeps the real runs; `--real` compares the simulator
+    with them later, without the engine, to the same figures."""
+    path = tmp_path / 'rec.json'
+    assert main(['validate-sim', '--engine', 'sim', '--tasks', '6', '--json', '--quiet',
+                 '--record', str(path)]) == 0
+    live = json.loads(capsys.readouterr().out)
+    recording = load_recording(path)
+    assert [run.policy for run in recording.runs] == ['vllm', 'timelyllm']
+    run = recording.runs[1]
+    assert len(run.tasks) == 6 and run.tasks[0].pieces
+    assert run.iterations and all(i[0] > 0 and i[1] >= 1 for i in run.iterations)
+    assert sum(i[2] for i in run.iterations) > 0          # prompts were prefilled
+    assert recording.engine['name'] == 'sim' and 'seed 0' in recording.source
+    assert main(['validate-sim', '--real', str(path), '--json', '--quiet']) == 0
+    offline = json.loads(capsys.readouterr().out)
+    for policy in ('vllm', 'timelyllm'):
+        assert (offline['policies'][policy]['median_abs_rel_error']
+                == live['policies'][policy]['median_abs_rel_error'])
+        assert offline['policies'][policy]['tasks'] == live['policies'][policy]['tasks']
+        assert (offline['policies'][policy]['real']['overall']
+                == live['policies'][policy]['real']['overall'])
+    assert offline['ranking'] == live['ranking']
+    # and another latency model can be tried against the same recording
+    assert main(['validate-sim', '--real', str(path), '--calibration',
+                 'llama3-8b-fp16_rtx4090_vllm054', '--quiet']) == 0
+    assert 'against the simulator on calibration llama3-8b' in capsys.readouterr().out
+
+
+def test_a_broken_recording_is_refused_with_its_reason(capsys, tmp_path):
+    bad = tmp_path / 'bad.json'
+    bad.write_text('{"schema_version": 1, "runs": []}')
+    assert main(['validate-sim', '--real', str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert 'bad.json' in err and 'not a recording' in err
+    assert main(['validate-sim', '--real', 'no-such-recording']) == 2
+    assert 'no such recording' in capsys.readouterr().err
 
 
 def test_median_abs_rel_error_skips_undefined_and_zero_times():

@@ -31,6 +31,7 @@ def test_bench_writes_the_summary_contract(wid1_bench):
     summary = json.loads((wid1_bench / 'summary.json').read_text())
     assert set(summary['policies']) == {'vllm', 'seg-edf', 'timelyllm'}
     assert summary['seed'] == 3 and summary['robot_jitter'] == 0.0
+    assert summary['regime'] == 'default' and summary['engine']['prefix_caching']
     for result in summary['policies'].values():
         assert set(result['by_class']) == {'normal', 'urgent'}
         for metrics in [*result['by_class'].values(), result['overall']]:
@@ -59,6 +60,30 @@ def test_bench_writes_tasks_csv_and_figures(wid1_bench):
     for name in ('fig5_utility.png', 'fig5_response.png', 'fig5_waiting.png',
                  'fig8_policies.png', *metric_figures):
         assert (wid1_bench / name).read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_bench_runs_the_contended_regime_beside_the_default(wid1_bench, capsys):
+    """Issue 26: the default engine cannot separate the policies; the contended regime (no
+    prefix caching) runs beside it, in its own folder."""
+    contended = json.loads((wid1_bench / 'contended' / 'summary.json').read_text())
+    assert contended['regime'] == 'contended'
+    assert contended['engine']['prefix_caching'] is False
+    assert set(contended['policies']) == {'vllm', 'seg-edf', 'timelyllm'}
+    assert (wid1_bench / 'contended' / 'tasks.csv').exists()
+    default = json.loads((wid1_bench / 'summary.json').read_text())
+    # every prompt prefilled whole: the engine is busier, the goals are served later
+    for policy in ('vllm', 'timelyllm'):
+        assert (contended['policies'][policy]['overall']['response_time_mean_s']
+                > default['policies'][policy]['overall']['response_time_mean_s'])
+
+
+def test_bench_regimes_are_checked(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(['bench', '--regimes', 'default,crowded', '--out', str(tmp_path)])
+    assert 'regimes are distinct names' in capsys.readouterr().err
+    assert main(['bench', '--regimes', 'paper', '--engine', 'cpu', '--model', 'smollm2',
+                 '--out', str(tmp_path), '--quiet']) == 1
+    assert "the paper regime is the paper's calibration" in capsys.readouterr().err
 
 
 def test_bench_is_reproducible_with_a_seed(wid1_bench, tmp_path):

@@ -120,15 +120,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.evaluation.bench import COMPARED_METRICS, run_bench
-    from timelyllm_ros.evaluation.plots import METRIC_LABELS
+    from timelyllm_ros.evaluation.bench import regime_engine, run_bench
     from timelyllm_ros.policies import resolve_policy_names
 
     name, tasks = _load_tasks(args)
     policies = resolve_policy_names(args.policies)
+    regimes: list[str] = args.regimes
+    engines = {regime: regime_engine(regime, _engine_options(args)) for regime in regimes}
     sizes: list[int] = args.batch_sizes or []
-    steps = len(policies) + len(sizes) * len([p for p in ('vllm', 'timelyllm') if p in policies]
-                                             or policies)
+    steps = len(regimes) * len(policies) + len(sizes) * len(
+        [p for p in ('vllm', 'timelyllm') if p in policies] or policies)
+    summaries: dict[str, dict[str, Any]] = {}
     with tqdm(total=steps, desc=f'bench {name}', unit='run', disable=args.quiet,
               file=sys.stderr) as bar:
         started = False
@@ -139,30 +141,65 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bar.update(1 if started else 0)
             started = True
 
-        summary = run_bench(name, tasks, policies, Path(args.out), seed=args.seed,
-                            config=_config(args), robot_jitter=args.robot_jitter,
-                            engine=_engine_options(args),
-                            batch_sizes=sizes, progress=progress)
+        for index, regime in enumerate(regimes):
+            # the first regime in --out, as before; the others in a folder each beside it
+            out = Path(args.out) if index == 0 else Path(args.out) / regime
+            summaries[regime] = run_bench(
+                name, tasks, policies, out, seed=args.seed, config=_config(args),
+                robot_jitter=args.robot_jitter, engine=engines[regime],
+                batch_sizes=sizes if index == 0 else (), progress=progress, regime=regime)
         bar.update(steps - bar.n)
-    print(f'workload {name}: {len(tasks)} tasks, seed {args.seed}, engine {args.engine}, '
-          f"prefix caching {'off' if args.no_prefix_cache else 'on'}")
-    for policy, result in summary['policies'].items():
-        rows = {**result['by_class'], 'overall': result['overall']}
-        print(metrics_table(f'[{policy}]', rows, 'class'))
+    for index, (regime, summary) in enumerate(summaries.items()):
+        _print_bench(name, tasks, args, regime, summary, details=index == 0)
+    if len(summaries) > 1:
+        print(_regimes_table(summaries))
+    print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures'
+          + ''.join(f'; {regime} in {Path(args.out) / regime}' for regime in regimes[1:]))
+    return 0
+
+
+def _print_bench(name: str, tasks: Sequence[object], args: argparse.Namespace, regime: str,
+                 summary: dict[str, Any], details: bool) -> None:
+    from timelyllm_ros.evaluation.bench import COMPARED_METRICS
+    from timelyllm_ros.evaluation.plots import METRIC_LABELS
+
+    engine = summary['engine']
+    print(f'== regime {regime}: workload {name}: {len(tasks)} tasks, seed {args.seed}, engine '
+          f"{engine['name']}, prefix caching {'on' if engine['prefix_caching'] else 'off'}"
+          + (f", calibration {engine['calibration']}" if 'calibration' in engine else ''))
     results = summary['policies']
-    for key, label in (('utility_mean', 'time utility'),
-                       ('response_time_mean_s', 'response time (s)'),
-                       ('waiting_time_mean_s', 'robot waiting time (s)')):
-        print(metrics_matrix(f'{label} per task type', results, key))
-    for key in COMPARED_METRICS:
+    if details:
+        for policy, result in results.items():
+            rows = {**result['by_class'], 'overall': result['overall']}
+            print(metrics_table(f'[{policy}]', rows, 'class'))
+        for key, label in (('utility_mean', 'time utility'),
+                           ('response_time_mean_s', 'response time (s)'),
+                           ('waiting_time_mean_s', 'robot waiting time (s)')):
+            print(metrics_matrix(f'{label} per task type', results, key))
+    for key in COMPARED_METRICS if details else ('utility_mean', 'utility_floored_mean'):
         print(metrics_matrix(f'{METRIC_LABELS.get(key, key)} per task class', results, key,
                             sections=('by_class',)))
     print('scheduling overhead (ms deciding per engine iteration): ' + ', '.join(
         f"{p} {r['run']['decision_ms_mean']:.3f}" for p, r in results.items()))
     if 'batch_sweep' in summary:
         print('batch sweep (overall utility):', json.dumps(summary['batch_sweep']))
-    print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures')
-    return 0
+
+
+def _regimes_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Overall signed and floored utility and completion rate, per policy and regime."""
+    regimes = list(summaries)
+    policies = list(next(iter(summaries.values()))['policies'])
+    header = ['policy', *(f'{r} {m}' for r in regimes for m in ('utility', 'floored', 'done'))]
+    body = []
+    for policy in policies:
+        row = [policy]
+        for regime in regimes:
+            overall = summaries[regime]['policies'][policy]['overall']
+            row += [format_value(overall['utility_mean'], '{:.3f}'),
+                    format_value(overall['utility_floored_mean'], '{:.3f}'),
+                    format_value(overall['completion_rate'], '{:.0%}')]
+        body.append(row)
+    return text_table(header, body, title='overall, per regime')
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
@@ -310,7 +347,8 @@ _SEG_KEYS = ('overhead_ms', 'overhead_pct', 'prefix_reuse', 'identical')
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.evaluation.reproduce import PAPER_CALIBRATION, reproduce
+    from timelyllm_ros.evaluation.bench import PAPER_CALIBRATION
+    from timelyllm_ros.evaluation.reproduce import reproduce
 
     out = Path(args.out)
     real_engine = None
@@ -340,23 +378,43 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_validate_sim(args: argparse.Namespace) -> int:
-    from timelyllm_ros.evaluation.validate_sim import COMPARED, validate
+    from timelyllm_ros.engines.calibration import load_calibration
+    from timelyllm_ros.evaluation.recording import load_recording, write_recording
+    from timelyllm_ros.evaluation.validate_sim import COMPARED, compare, validate
     from timelyllm_ros.policies import resolve_policy_names
-
-    name, tasks = _load_tasks(args)
 
     def progress(label: str) -> None:
         if not args.quiet:
             print(f'validate-sim: {label}', file=sys.stderr, flush=True)
 
-    result = validate(tasks, resolve_policy_names(args.policies), _engine_options(args),
-                      config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter,
-                      progress=progress)
+    if args.real:
+        recording = load_recording(args.real)
+        calibration = load_calibration(args.calibration) if args.calibration else None
+        result = compare(recording, calibration=calibration, progress=progress)
+        tasks = len(recording.runs[0].tasks) if recording.runs else 0
+        against = (f'calibration {args.calibration}' if args.calibration
+                   else 'its calibration')
+        heading = (f'recording {args.real}: {tasks} tasks of {recording.workload or "?"} on '
+                   f"{recording.engine.get('name', '?')} "
+                   f"({recording.engine.get('hardware', '?')}), against the simulator on "
+                   f'{against}')
+    else:
+        name, tasks_list = _load_tasks(args)
+        result, recording = validate(
+            tasks_list, resolve_policy_names(args.policies), _engine_options(args),
+            config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter,
+            workload=name, progress=progress)
+        if args.record:
+            write_recording(recording, args.record)
+            progress(f'recording written to {args.record}')
+        heading = (f'workload {name}: {len(tasks_list)} tasks on engine {args.engine} and on '
+                   f'the simulator calibrated from it')
     if args.json:
         print(json.dumps(result, default=str))
         return 0
-    print(f'workload {name}: {len(tasks)} tasks on engine {args.engine} and on the simulator '
-          f'calibrated from it')
+    print(heading)
+    for missing in recording.missing:
+        print(f'  the recording lacks: {missing}')
     rows = []
     for policy, entry in result['policies'].items():
         errors = entry['median_abs_rel_error']
@@ -475,6 +533,21 @@ def _add_engine_args(parser: argparse.ArgumentParser, default_force: bool) -> No
                              'a real engine constrains them to it; for comparison)')
 
 
+def _regime_help() -> dict[str, str]:
+    from timelyllm_ros.evaluation.bench import REGIMES
+
+    return REGIMES
+
+
+def _regimes_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(',') if n.strip()]
+    unknown = [n for n in names if n not in _regime_help()]
+    if not names or unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(
+            f'regimes are distinct names among {", ".join(_regime_help())}, got {text!r}')
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog='timelyllm', description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest='command', required=True)
@@ -492,6 +565,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument('--batch-sizes', type=BATCH_SIZES,
                        help='also sweep fixed batch sizes, e.g. 1,2,4,6,8,12')
     bench.add_argument('--quiet', action='store_true', help='no progress bar')
+    bench.add_argument('--regimes', type=_regimes_arg, default='default,contended',
+                       help='engine regimes, each a full run of the policies (default '
+                            'default,contended): ' + '; '.join(
+                                f'{n}: {d.split(":")[0].split(" (")[0]}'
+                                for n, d in _regime_help().items())
+                            + '. The first goes to --out, the others to --out/REGIME')
     bench.set_defaults(func=cmd_bench)
 
     overhead = sub.add_parser('overhead', help='median CPU time of one scheduling decision '
@@ -579,6 +658,14 @@ def build_parser() -> argparse.ArgumentParser:
                                'waiting, completion}, "real": ..., "sim": ..., "tasks": ...}}, '
                                '"ranking_same": bool, ...}')
     validate.add_argument('--quiet', action='store_true', help='no progress on stderr')
+    recorded = validate.add_mutually_exclusive_group()
+    recorded.add_argument('--record', type=output_file, metavar='FILE',
+                          help='also write the real runs and the calibration as a recording '
+                               '(JSON), to compare the simulator with them later anywhere')
+    recorded.add_argument('--real', metavar='FILE|NAME',
+                          help='compare the simulator with a recording instead of running an '
+                               'engine (a shipped one by name, e.g. cpu-smollm2-wid1); '
+                               '--calibration then replaces the recorded one')
     validate.set_defaults(func=cmd_validate_sim)
 
     repro = sub.add_parser('reproduce',

@@ -132,6 +132,8 @@ class TickResult:
 
     duration_s: float = 0.0                                        # engine iteration time (s)
     batch_size: int = 0                                            # generations in it
+    prefill_tokens: int = 0                                        # tokens it prefilled
+    cached_tokens: int = 0                                         # prompt tokens it reused
     events: list[SchedulerEvent] = field(default_factory=list)     # see timelyllm_ros.core.events
     decision: Decision | None = None                               # what the tick decided
 
@@ -533,6 +535,7 @@ class Scheduler:
             return
         self.clock.elapse(result.duration_s)
         out.duration_s, out.batch_size = result.duration_s, result.batch_size
+        out.prefill_tokens, out.cached_tokens = result.prefill_tokens, result.prefix_cached_tokens
         self._note_speed(result)
         now = self.clock.now()
         stepped = [self._running[r] for r in dict.fromkeys((*result.text, *result.finished))

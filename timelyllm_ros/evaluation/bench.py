@@ -23,7 +23,14 @@ from timelyllm_ros.core.request import TaskSpec
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.core.tuf import NORMAL, URGENT
 from timelyllm_ros.engines import Engine, create_engine, engine_options
-from timelyllm_ros.evaluation.metrics import aggregate, as_row, group_by, task_metrics
+from timelyllm_ros.errors import ConfigError
+from timelyllm_ros.evaluation.metrics import (
+    TaskMetrics,
+    aggregate,
+    as_row,
+    group_by,
+    task_metrics,
+)
 from timelyllm_ros.evaluation.plots import batch_sweep, metric_figures, paper_figures
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
 from timelyllm_ros.policies import create_policy
@@ -68,13 +75,50 @@ class EngineOptions:
         return {**described, 'prefix_caching': self.prefix_caching, **dict(self.options)}
 
 
+PAPER_CALIBRATION = 'llama3-8b-fp16_rtx4090_vllm054'
+"""The paper's setup as the authors' artifact configures it (vLLM 0.5.4 on an RTX 4090)."""
+
+REGIMES: dict[str, str] = {
+    'default': 'the engine as configured',
+    'contended': 'the same engine without prefix caching: every prompt and every resume is '
+                 'prefilled whole, so the engine, not the queue, decides who is late. On the '
+                 'default engine every segmented policy ends within 0.002 of the maximum urgent '
+                 'utility on WID1 and WID2 (issue 26): that regime cannot tell them apart',
+    'paper': "the paper's setup: the authors' vLLM 0.5.4 calibration on an RTX 4090 "
+             f'({PAPER_CALIBRATION}); the calibrated simulator only',
+}
+"""Engine regimes ``bench --regimes`` runs the policies in, by name."""
+
+
+def regime_engine(regime: str, engine: EngineOptions) -> EngineOptions:
+    """The engine options of a regime (:data:`REGIMES`) derived from the configured ones.
+
+    Raises:
+        ConfigError: an unknown regime, or ``paper`` on a real engine.
+    """
+    if regime == 'default':
+        return engine
+    if regime == 'contended':
+        return replace(engine, prefix_caching=False)
+    if regime == 'paper':
+        if engine.name != 'sim':
+            raise ConfigError(f"the paper regime is the paper's calibration, for the simulator;"
+                              f' engine {engine.name} has none')
+        return replace(engine, calibration=PAPER_CALIBRATION)
+    raise ConfigError(f'unknown regime {regime!r}; known: {", ".join(REGIMES)}')
+
+
+def rows_summary(rows: Sequence[TaskMetrics]) -> dict[str, Any]:
+    """The per class, per task type and overall summaries of a run's tasks."""
+    return {'by_class': group_by(rows, 'task_class'), 'by_type': group_by(rows, 'task_type'),
+            'overall': aggregate(rows)}
+
+
 def run_summary(result: SimulationResult) -> dict[str, Any]:
-    rows = [task_metrics(g) for g in result.generations]
+    """A run's :func:`rows_summary` and its figures (times, iterations, batch, deciding)."""
     batches = result.batch_sizes
     return {
-        'by_class': group_by(rows, 'task_class'),
-        'by_type': group_by(rows, 'task_type'),
-        'overall': aggregate(rows),
+        **rows_summary([task_metrics(g) for g in result.generations]),
         'run': {
             'wall_time_s': result.wall_time_s,
             'sim_time_s': result.sim_time_s,
@@ -99,6 +143,7 @@ def run_bench(
     batch_sizes: Sequence[int] = (),
     progress: Callable[[str], None] | None = None,
     robot_jitter: float = 0.0,
+    regime: str = 'default',
 ) -> dict[str, Any]:
     """Run every policy on the tasks; write summary.json, tasks.csv and the figures
     (``robot_jitter``: :func:`~timelyllm_ros.evaluation.simulation.simulate`'s)."""
@@ -107,7 +152,8 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     per_policy: dict[str, dict[str, Any]] = {}
     summary: dict[str, object] = {
-        'workload': workload, 'seed': seed, 'robot_jitter': robot_jitter, 'tasks': len(tasks),
+        'workload': workload, 'regime': regime, 'seed': seed, 'robot_jitter': robot_jitter,
+        'tasks': len(tasks),
         'comm_s': config.comm_s, 'max_batch': config.max_batch,
         'batch_mode': config.batch_mode,
         'engine': engine.describe(),

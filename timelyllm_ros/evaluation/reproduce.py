@@ -23,12 +23,15 @@ from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.evaluation.bench import EngineOptions, run_bench, scheduling_overhead
+from timelyllm_ros.evaluation.bench import (
+    PAPER_CALIBRATION,
+    EngineOptions,
+    run_bench,
+    scheduling_overhead,
+)
 from timelyllm_ros.evaluation.plots import grouped_bars
 from timelyllm_ros.evaluation.seg_overhead import segmentation_overhead
 from timelyllm_ros.evaluation.workloads import resolve_workload
-
-PAPER_CALIBRATION = 'llama3-8b-fp16_rtx4090_vllm054'
 
 PAPER_TABLE4_MS = {1: 13.7, 2: 24.1, 3: 19.9, 4: 19.9, 5: 16.0, 6: 13.1, 7: 14.4, 8: 14.8}
 PAPER_TABLE4_PCT = {1: 3.0, 2: 2.6, 3: 5.6, 4: 2.8, 5: 3.2, 6: 3.7, 7: 4.1, 8: 4.2}

@@ -12,6 +12,7 @@ import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,15 @@ from timelyllm_ros.engines import Engine, create_engine
 from timelyllm_ros.errors import GoalError
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.robots.sim import SimulatedRobot
+
+
+class Iteration(NamedTuple):
+    """One engine iteration of a run, as the engine reported it."""
+
+    duration_s: float          # measured (a real engine) or modelled (the simulator)
+    batch_size: int
+    prefill_tokens: int
+    cached_tokens: int         # prompt tokens of joining generations served from cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +48,7 @@ class SimulationResult:
     batch_sizes: list[int]             # batch size of every decode/prefill iteration
     decision_s: float = 0.0            # wall time the scheduler spent deciding
     decision_cpu_s: Sequence[float] = ()   # CPU time of each decision, tick order
+    iterations: Sequence[Iteration] = ()   # every engine iteration, in order
 
 
 def simulate(
@@ -71,6 +82,7 @@ def simulate(
     reports: list[tuple[float, int, str, int, float, float, bool, str]] = []
     rejected: list[tuple[TaskSpec, str]] = []
     batch_sizes: list[int] = []
+    iterations: list[Iteration] = []
     next_arrival = 0
     report_seq = 0
     started = time.perf_counter()
@@ -107,6 +119,8 @@ def simulate(
             events=scheduler.drain_events())
         if out.batch_size:
             batch_sizes.append(out.batch_size)
+            iterations.append(Iteration(out.duration_s, out.batch_size, out.prefill_tokens,
+                                        out.cached_tokens))
         send(out)
         if out.duration_s == 0.0:
             upcoming = []
@@ -128,4 +142,4 @@ def simulate(
         policy=policy, generations=generations, rejected=rejected, sim_time_s=clock.now(),
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,
         decision_s=scheduler.decision_s, decision_cpu_s=scheduler.decision_cpu_s,
-        batch_sizes=batch_sizes)
+        batch_sizes=batch_sizes, iterations=iterations)

@@ -12,6 +12,7 @@ bench summary; and whether the policies rank the same (by mean utility) on both.
 
 from __future__ import annotations
 
+import datetime
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -23,10 +24,16 @@ from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.engines.calibration import Calibration
 from timelyllm_ros.engines.sim import SimulatedEngine
-from timelyllm_ros.evaluation.bench import EngineOptions, run_summary
-from timelyllm_ros.evaluation.calibrate import measure
+from timelyllm_ros.evaluation.bench import EngineOptions, rows_summary, run_summary
+from timelyllm_ros.evaluation.calibrate import hardware_label, measure
 from timelyllm_ros.evaluation.metrics import task_metrics
-from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.recording import (
+    RecordedRun,
+    Recording,
+    recorded_run,
+    scheduler_fields,
+)
+from timelyllm_ros.evaluation.simulation import Iteration, simulate
 from timelyllm_ros.language.profiles import load_profile
 
 COMPARED = ('response', 'waiting', 'completion')
@@ -72,11 +79,11 @@ def median_abs_rel_error(real: Sequence[float], sim: Sequence[float]) -> float |
     return statistics.median(errors) if errors else None
 
 
-def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOptions,
-             config: SchedulerConfig | None = None, seed: int = 0, robot_jitter: float = 0.0,
-             calibration: Calibration | None = None,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run every policy on the real engine and on its calibrated twin; compare per task.
+def record(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOptions,
+           config: SchedulerConfig | None = None, seed: int = 0, robot_jitter: float = 0.0,
+           calibration: Calibration | None = None, workload: str = '',
+           progress: Callable[[str], None] | None = None) -> Recording:
+    """Run every policy on the real engine and keep what the simulator is compared with.
 
     Args:
         tasks: the workload's tasks.
@@ -87,10 +94,12 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         robot_jitter: relative spread of the robots' execution times (the same draws in the
             real and the simulated run of a policy).
         calibration: the real engine's calibration (default: measured now, on a fresh engine).
+        workload: the workload's name, for the record.
         progress: called with a short label before each step.
     """
     say = progress or (lambda _label: None)
     config = config or SchedulerConfig()
+    hardware = model = ''
     if calibration is None:
         say('calibrate')
         probe = engine.build()
@@ -104,9 +113,7 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
                                   steps=4, repeats=1)
         finally:
             probe.close()
-    out: dict[str, Any] = {'calibration': calibration.model_dump(mode='json'),
-                           'policies': {}}
-    utility: dict[str, dict[str, float]] = {'real': {}, 'sim': {}}
+    runs: list[RecordedRun] = []
     for policy in policies:
         say(f'{policy} on {engine.name}')
         real_engine = engine.build()
@@ -114,15 +121,58 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         try:
             real = simulate(tasks, policy, seed=seed, config=config, engine=real_engine,
                             robot_jitter=robot_jitter)
+            stats = real_engine.stats()
+            hardware, model = stats.hardware, stats.model
             by_id = {g.task_id: g for g in real.generations}
             twins = [sim_twin(spec, by_id[spec.task_id], counter) if spec.task_id in by_id
                      else spec for spec in tasks]
         finally:
             real_engine.close()
-        say(f'{policy} on the simulator')
-        sim = simulate(twins, policy, seed=seed, config=config, robot_jitter=robot_jitter,
-                       engine=SimulatedEngine(calibration))
-        real_metrics = {g.task_id: task_metrics(g) for g in real.generations}
+        runs.append(recorded_run(policy, twins, real,
+                                 [task_metrics(g) for g in real.generations]))
+    date = datetime.date.today().isoformat()
+    options = ', '.join(f'{k}={v}' for k, v in engine.options)
+    return Recording(
+        source=(f'Recorded by `timelyllm validate-sim --record` on {date}: engine '
+                f'{engine.name}{f" ({options})" if options else ""}, model {model}, on '
+                f'{hardware_label(hardware)}; {len(tasks)} tasks of {workload or "a workload"},'
+                f' seed {seed}; calibration measured on the same engine just before.'),
+        engine={'name': engine.name, 'model': model, 'hardware': hardware},
+        workload=workload, seed=seed, robot_jitter=robot_jitter,
+        scheduler=scheduler_fields(config), calibration=calibration, runs=tuple(runs))
+
+
+def compare(recording: Recording, calibration: Calibration | None = None,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Replay every recorded run on the simulator and compare it with the real one, per task.
+
+    Args:
+        recording: the real runs.
+        calibration: the simulator's latency model (default: the recording's, measured on
+            the real engine).
+        progress: called with a short label before each run.
+
+    Returns:
+        The calibration; per policy the median absolute relative error of each compared
+        time, both runs' summaries and every task's times; the ranking by mean utility on
+        both, and whether it is the same.
+    """
+    say = progress or (lambda _label: None)
+    calibration = calibration or recording.calibration
+    config = recording.config()
+    out: dict[str, Any] = {'calibration': calibration.model_dump(mode='json'),
+                           'recording': {'source': recording.source,
+                                         'missing': list(recording.missing),
+                                         'engine': recording.engine,
+                                         'workload': recording.workload},
+                           'policies': {}}
+    utility: dict[str, dict[str, float]] = {'real': {}, 'sim': {}}
+    for run in recording.runs:
+        say(f'{run.policy} on the simulator')
+        sim = simulate([t.spec() for t in run.tasks], run.policy, seed=recording.seed,
+                       config=config, engine=SimulatedEngine(calibration),
+                       robot_jitter=recording.robot_jitter)
+        real_metrics = {t.task_id: t.metrics() for t in run.tasks}
         sim_metrics = {g.task_id: task_metrics(g) for g in sim.generations}
         ids = [t for t in real_metrics if t in sim_metrics]
         per_task = {t: {f'{name}_s': {'real': getattr(real_metrics[t], f'{name}_time_s'),
@@ -131,11 +181,14 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
         errors = {name: median_abs_rel_error(
             [getattr(real_metrics[t], f'{name}_time_s') for t in ids],
             [getattr(sim_metrics[t], f'{name}_time_s') for t in ids]) for name in COMPARED}
-        real_summary, sim_summary = run_summary(real), run_summary(sim)
-        utility['real'][policy] = float(real_summary['overall']['utility_mean'])
-        utility['sim'][policy] = float(sim_summary['overall']['utility_mean'])
-        out['policies'][policy] = {'median_abs_rel_error': errors, 'real': real_summary,
-                                   'sim': sim_summary, 'tasks': per_task}
+        real_summary = rows_summary(list(real_metrics.values()))
+        real_summary['run'] = iteration_figures(run.sim_time_s, run.engine_iterations)
+        sim_summary = run_summary(sim)
+        sim_summary['run'].update(iteration_figures(sim.sim_time_s, sim.iterations))
+        utility['real'][run.policy] = float(real_summary['overall']['utility_mean'])
+        utility['sim'][run.policy] = float(sim_summary['overall']['utility_mean'])
+        out['policies'][run.policy] = {'median_abs_rel_error': errors, 'real': real_summary,
+                                       'sim': sim_summary, 'tasks': per_task}
 
     def ranking(values: dict[str, float]) -> list[str]:
         return sorted(values, key=lambda p: -values[p])
@@ -143,3 +196,30 @@ def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineO
     out['ranking'] = {'real': ranking(utility['real']), 'sim': ranking(utility['sim'])}
     out['ranking_same'] = out['ranking']['real'] == out['ranking']['sim']
     return out
+
+
+def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dict[str, Any]:
+    """What a run's engine iterations add up to: their count, time, the median decode
+    iteration (no prefill) and the median iteration that prefilled, in ms."""
+    decode = [i.duration_s for i in iterations if not i.prefill_tokens]
+    prefill = [i.duration_s for i in iterations if i.prefill_tokens]
+    return {'sim_time_s': sim_time_s, 'engine_iterations': len(iterations),
+            'engine_busy_s': sum(i.duration_s for i in iterations),
+            'decode_iteration_ms_median': (1000.0 * statistics.median(decode)
+                                           if decode else None),
+            'prefill_iteration_ms_median': (1000.0 * statistics.median(prefill)
+                                            if prefill else None),
+            'prefill_tokens': sum(i.prefill_tokens for i in iterations),
+            'cached_tokens': sum(i.cached_tokens for i in iterations)}
+
+
+def validate(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOptions,
+             config: SchedulerConfig | None = None, seed: int = 0, robot_jitter: float = 0.0,
+             calibration: Calibration | None = None, workload: str = '',
+             progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], Recording]:
+    """Record every policy on the real engine (:func:`record`), then compare the simulator
+    with the recording (:func:`compare`); returns the comparison and the recording."""
+    recording = record(tasks, policies, engine, config=config, seed=seed,
+                       robot_jitter=robot_jitter, calibration=calibration, workload=workload,
+                       progress=progress)
+    return compare(recording, progress=progress), recording
