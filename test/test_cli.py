@@ -144,3 +144,40 @@ def test_run_prints_tables(capsys):
 def test_bad_input_prints_an_error_and_returns_1(argv, message, capsys):
     assert main(argv) == 1
     assert message in capsys.readouterr().err
+
+
+def test_bench_matrix_gives_each_cell_its_spread_over_seeds(tmp_path, capsys):
+    """Issue 26/28: workloads × regimes × seeds × policies in one command."""
+    import statistics
+
+    out = tmp_path / 'matrix'
+    assert main(['bench', '--matrix', '--workloads', 'wid1,authors-arm', '--regimes',
+                 'default,contended', '--seeds', '0,1', '--policies', 'vllm,timelyllm',
+                 '--out', str(out), '--quiet']) == 0
+    printed = capsys.readouterr().out
+    assert '| workload | regime | policy |' in printed
+    matrix = json.loads((out / 'matrix.json').read_text())
+    assert matrix['seeds'] == [0, 1] and matrix['robot_jitter'] == 0.1
+    assert (out / 'matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    for workload in ('wid1', 'authors-arm'):
+        for regime in ('default', 'contended'):
+            for policy in ('vllm', 'timelyllm'):
+                cell = matrix['cells'][workload][regime][policy]
+                assert set(cell) >= {'urgent utility', 'urgent floored', 'completion',
+                                     'p95 response s', 'SLO'}
+                # each figure is the seeds' bench summaries, mean and sample spread
+                summaries = [json.loads((out / workload / regime / f'seed{seed}' /
+                                         'summary.json').read_text()) for seed in (0, 1)]
+                completion = [s['policies'][policy]['overall']['completion_rate']
+                              for s in summaries]
+                assert cell['completion']['values'] == completion
+                assert cell['completion']['mean'] == pytest.approx(statistics.fmean(completion))
+                assert cell['completion']['sd'] == pytest.approx(statistics.stdev(completion))
+                assert summaries[0]['robot_jitter'] == 0.1
+    # no figures per cell: the matrix draws one
+    assert not list((out / 'wid1' / 'default' / 'seed0').glob('*.png'))
+    # recorded arrivals and skill times: the jitter makes the seeds' completion times differ
+    arm = [json.loads((out / 'authors-arm' / 'default' / f'seed{seed}' / 'summary.json')
+                      .read_text())['policies']['timelyllm']['overall']['completion_time_mean_s']
+           for seed in (0, 1)]
+    assert arm[0] != arm[1]

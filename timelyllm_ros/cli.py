@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f'workload {name}: {len(tasks)} tasks, policy {args.policy}, seed {args.seed}, '
           f'engine {args.engine}')
     result = simulate(tasks, args.policy, seed=args.seed, config=_config(args),
-                      engine=engine.build(), robot_jitter=args.robot_jitter)
+                      engine=engine.build(), robot_jitter=args.robot_jitter or 0.0)
     summary = run_summary(result)
     print(summary_tables(summary))
     run = summary['run']
@@ -123,6 +123,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from timelyllm_ros.evaluation.bench import regime_engine, run_bench
     from timelyllm_ros.policies import resolve_policy_names
 
+    if args.matrix:
+        return _bench_matrix(args)
     name, tasks = _load_tasks(args)
     policies = resolve_policy_names(args.policies)
     regimes: list[str] = args.regimes
@@ -146,7 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             out = Path(args.out) if index == 0 else Path(args.out) / regime
             summaries[regime] = run_bench(
                 name, tasks, policies, out, seed=args.seed, config=_config(args),
-                robot_jitter=args.robot_jitter, engine=engines[regime],
+                robot_jitter=args.robot_jitter or 0.0, engine=engines[regime],
                 batch_sizes=sizes if index == 0 else (), progress=progress, regime=regime)
         bar.update(steps - bar.n)
     for index, (regime, summary) in enumerate(summaries.items()):
@@ -155,6 +157,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(_regimes_table(summaries))
     print(f'wrote {Path(args.out) / "summary.json"}, tasks.csv and figures'
           + ''.join(f'; {regime} in {Path(args.out) / regime}' for regime in regimes[1:]))
+    return 0
+
+
+def _bench_matrix(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from timelyllm_ros.evaluation.matrix import DEFAULT_SEEDS, DEFAULT_WORKLOADS, run_matrix
+    from timelyllm_ros.evaluation.workloads import workload_names
+    from timelyllm_ros.policies import resolve_policy_names
+
+    workloads = (args.workloads.split(',') if args.workloads else list(DEFAULT_WORKLOADS))
+    unknown = [w for w in workloads if w not in workload_names()]
+    if unknown:
+        raise WorkloadInputError(','.join(unknown), 'unknown workload', 'workloads')
+    seeds: list[int] = args.seeds or list(DEFAULT_SEEDS)
+    regimes: list[str] = args.regimes
+    policies = resolve_policy_names(args.policies)
+    jitter = 0.1 if args.robot_jitter is None else args.robot_jitter
+    with tqdm(total=len(workloads) * len(regimes) * len(seeds), desc='bench matrix',
+              unit='cell', disable=args.quiet, file=sys.stderr) as bar:
+        def progress(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        run_matrix(Path(args.out), policies, workloads=workloads, regimes=regimes, seeds=seeds,
+                   robot_jitter=jitter, config=_config(args), engine=_engine_options(args),
+                   progress=progress)
+    print((Path(args.out) / 'matrix.md').read_text(encoding='utf-8'), end='')
+    print(f"wrote {Path(args.out) / 'matrix.json'}, matrix.md, matrix.png and every cell's "
+          f'bench output under {args.out}/WORKLOAD/REGIME/seedN')
     return 0
 
 
@@ -228,7 +260,7 @@ def cmd_simspeed(args: argparse.Namespace) -> int:
     for policy in resolve_policy_names(args.policies):
         best = None
         for _ in range(args.repeats):
-            result = simulate(tasks, policy, seed=args.seed, robot_jitter=args.robot_jitter)
+            result = simulate(tasks, policy, seed=args.seed, robot_jitter=args.robot_jitter or 0.0)
             speed = result.sim_time_s / result.wall_time_s
             best = speed if best is None else max(best, speed)
         results[policy] = best
@@ -404,7 +436,7 @@ def cmd_validate_sim(args: argparse.Namespace) -> int:
         name, tasks_list = _load_tasks(args)
         result, recording = validate(
             tasks_list, resolve_policy_names(args.policies), _engine_options(args),
-            config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter,
+            config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter or 0.0,
             workload=name, progress=progress)
         if args.record:
             write_recording(recording, args.record)
@@ -492,10 +524,10 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                              "times drawn from their model; the authors' workloads carry "
                              'recorded arrivals and skill times, so on them only '
                              '--robot-jitter makes runs differ by seed')
-    parser.add_argument('--robot-jitter', type=float_arg(0.0, 10.0), default=0.0, metavar='SD',
+    parser.add_argument('--robot-jitter', type=float_arg(0.0, 10.0), default=None, metavar='SD',
                         help='relative standard deviation drawn (from --seed) on every '
                              'simulated segment execution time, recorded or modelled '
-                             '(default 0: the times as they are)')
+                             '(default 0: the times as they are; 0.1 for bench --matrix)')
     parser.add_argument('--comm-ms', type=float_arg(0.0, 3_600_000.0), default=8.0,
                         help='network latency (ms)')
     parser.add_argument('--max-batch', type=int_arg(1, MAX_BATCH), default=None,
@@ -573,6 +605,16 @@ def build_parser() -> argparse.ArgumentParser:
                                 f'{n}: {d.split(":")[0].split(" (")[0]}'
                                 for n, d in _regime_help().items())
                             + '. The first goes to --out, the others to --out/REGIME')
+    bench.add_argument('--matrix', action='store_true',
+                       help='the benchmark matrix: --workloads × --regimes × --seeds × '
+                            "--policies, with each figure's spread over the seeds "
+                            '(matrix.json, matrix.md, matrix.png in --out); --robot-jitter '
+                            'defaults to 0.1 there, so seeds matter on recorded workloads')
+    bench.add_argument('--workloads', default=None,
+                       help='with --matrix: comma-separated workloads (default wid1,wid2,wid3,'
+                            'authors-drone,authors-arm)')
+    bench.add_argument('--seeds', type=int_list_arg(0, 2**31), default=None,
+                       help='with --matrix: seeds (default 0,1,2,3,4)')
     bench.set_defaults(func=cmd_bench)
 
     overhead = sub.add_parser('overhead', help='median CPU time of one scheduling decision '

@@ -144,9 +144,10 @@ def run_bench(
     progress: Callable[[str], None] | None = None,
     robot_jitter: float = 0.0,
     regime: str = 'default',
+    figures: bool = True,
 ) -> dict[str, Any]:
-    """Run every policy on the tasks; write summary.json, tasks.csv and the figures
-    (``robot_jitter``: :func:`~timelyllm_ros.evaluation.simulation.simulate`'s)."""
+    """Run every policy on the tasks; write summary.json, tasks.csv and (``figures``) the
+    figures (``robot_jitter``: :func:`~timelyllm_ros.evaluation.simulation.simulate`'s)."""
     config = config or SchedulerConfig()
     engine = engine or EngineOptions()
     out.mkdir(parents=True, exist_ok=True)
@@ -200,8 +201,9 @@ def run_bench(
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ['policy'])
         writer.writeheader()
         writer.writerows(rows)
-    paper_figures(out, workload, by_type, sorted(classes))
-    metric_figures(out, workload, by_class, COMPARED_METRICS)
+    if figures:
+        paper_figures(out, workload, by_type, sorted(classes))
+        metric_figures(out, workload, by_class, COMPARED_METRICS)
     return summary
 
 

@@ -1,0 +1,161 @@
+"""The benchmark matrix: workloads × engine regimes × seeds × policies, in one command.
+
+One bench run per (workload, regime, seed) cell (:func:`~timelyllm_ros.evaluation.bench.
+run_bench`, its summary.json and tasks.csv under ``OUT/WORKLOAD/REGIME/seedN``); then, per
+workload, regime and policy, each figure's mean and spread (sample standard deviation) over
+the seeds: urgent and overall utility, signed and with late tasks floored at 0, completion
+rate, p95 response time and SLO attainment. ``matrix.json`` holds them with every seed's value,
+``matrix.md`` a table, ``matrix.png`` a figure (a panel per regime and figure, a group of bars
+per workload, a bar per policy with its spread).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from timelyllm_ros.core.scheduler import SchedulerConfig
+from timelyllm_ros.evaluation.bench import EngineOptions, regime_engine, run_bench
+from timelyllm_ros.evaluation.workloads import resolve_workload
+
+DEFAULT_WORKLOADS = ('wid1', 'wid2', 'wid3', 'authors-drone', 'authors-arm')
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    # (name, summary group, summary key)
+    ('urgent utility', 'urgent', 'utility_mean'),
+    ('urgent floored', 'urgent', 'utility_floored_mean'),
+    ('utility', 'overall', 'utility_mean'),
+    ('floored', 'overall', 'utility_floored_mean'),
+    ('completion', 'overall', 'completion_rate'),
+    ('p95 response s', 'overall', 'response_time_p95_s'),
+    ('SLO', 'overall', 'slo_attainment'),
+)
+"""The figures of each cell: the urgent class where a workload has one, else overall."""
+
+
+def _figure(policy_summary: dict[str, Any], group: str, key: str) -> float:
+    block = (policy_summary['overall'] if group == 'overall'
+             else policy_summary['by_class'].get(group, policy_summary['overall']))
+    value = block.get(key)
+    return math.nan if value is None else float(value)
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    finite = [v for v in values if math.isfinite(v)]
+    return {'mean': statistics.fmean(finite) if finite else None,
+            'sd': statistics.stdev(finite) if len(finite) > 1 else 0.0 if finite else None,
+            'values': [v if math.isfinite(v) else None for v in values]}
+
+
+def run_matrix(out: Path, policies: Sequence[str],
+               workloads: Sequence[str] = DEFAULT_WORKLOADS,
+               regimes: Sequence[str] = ('default', 'contended', 'paper'),
+               seeds: Sequence[int] = DEFAULT_SEEDS, robot_jitter: float = 0.1,
+               config: SchedulerConfig | None = None, engine: EngineOptions | None = None,
+               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every cell and write matrix.json, matrix.md and matrix.png into ``out``.
+
+    ``robot_jitter`` (default 0.1) makes the seeds differ on the authors' workloads too,
+    whose arrivals and skill times are recorded.
+    """
+    engine = engine or EngineOptions()
+    engines = {regime: regime_engine(regime, engine) for regime in regimes}   # checked first
+    cells: dict[str, dict[str, dict[str, dict[str, dict[str, Any]]]]] = {}
+    for workload in workloads:
+        for regime in regimes:
+            per_seed: list[dict[str, Any]] = []
+            for seed in seeds:
+                if progress:
+                    progress(f'{workload} {regime} seed {seed}')
+                name, tasks = resolve_workload(workload, seed=seed)
+                summary = run_bench(name, tasks, policies, out / workload / regime / f'seed{seed}',
+                                    seed=seed, config=config, engine=engines[regime],
+                                    robot_jitter=robot_jitter, regime=regime, figures=False)
+                per_seed.append(summary['policies'])
+            cells.setdefault(workload, {})[regime] = {
+                policy: {figure: _spread([_figure(s[policy], group, key) for s in per_seed])
+                         for figure, group, key in FIGURES}
+                for policy in policies}
+    matrix = {'workloads': list(workloads), 'regimes': list(regimes), 'seeds': list(seeds),
+              'policies': list(policies), 'robot_jitter': robot_jitter,
+              'engine': engine.describe(), 'cells': cells}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / 'matrix.json').write_text(json.dumps(matrix, indent=1) + '\n')
+    (out / 'matrix.md').write_text(matrix_table(matrix))
+    matrix_figure(out / 'matrix.png', matrix)
+    return matrix
+
+
+def _cell(spread: dict[str, Any], pattern: str) -> str:
+    if spread['mean'] is None:
+        return '-'
+    return f"{pattern.format(spread['mean'])} ± {pattern.format(spread['sd'])}"
+
+
+def matrix_table(matrix: dict[str, Any]) -> str:
+    """A Markdown table: a row per workload, regime and policy; a column per figure (mean ±
+    spread over the seeds); the best mean of each figure in a cell group in bold."""
+    patterns = {'completion': '{:.2f}', 'SLO': '{:.2f}', 'p95 response s': '{:.3f}'}
+    names = [f for f, _, _ in FIGURES]
+    lines = [f"seeds {matrix['seeds']}, robot jitter {matrix['robot_jitter']}", '',
+             '| workload | regime | policy | ' + ' | '.join(names) + ' |',
+             '|---|---|---|' + '---|' * len(names)]
+    for workload, regimes in matrix['cells'].items():
+        for regime, policies in regimes.items():
+            best = {}
+            for figure in names:
+                means = [p[figure]['mean'] for p in policies.values()
+                         if p[figure]['mean'] is not None]
+                if means:
+                    best[figure] = min(means) if figure == 'p95 response s' else max(means)
+            for policy, figures in policies.items():
+                cells = []
+                for figure in names:
+                    text = _cell(figures[figure], patterns.get(figure, '{:.3f}'))
+                    if figures[figure]['mean'] is not None and figures[figure]['mean'] == best.get(
+                            figure):
+                        text = f'**{text}**'
+                    cells.append(text)
+                lines.append(f'| {workload} | {regime} | {policy} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def matrix_figure(path: Path, matrix: dict[str, Any],
+                  figures: Sequence[str] = ('urgent utility', 'urgent floored', 'completion',
+                                            'p95 response s', 'SLO')) -> Path:
+    """A panel per (figure, regime): a group per workload, a bar per policy, spread as error
+    bars."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    workloads, regimes, policies = matrix['workloads'], matrix['regimes'], matrix['policies']
+    fig, axes = plt.subplots(len(figures), len(regimes), squeeze=False,
+                             figsize=(4.8 * len(regimes), 2.6 * len(figures)))
+    width = 0.8 / max(len(policies), 1)
+    x = np.arange(len(workloads))
+    for row, figure in enumerate(figures):
+        for col, regime in enumerate(regimes):
+            ax = axes[row][col]
+            for i, policy in enumerate(policies):
+                spreads = [matrix['cells'][w][regime][policy][figure] for w in workloads]
+                means = [s['mean'] if s['mean'] is not None else np.nan for s in spreads]
+                errors = [s['sd'] if s['sd'] is not None else 0.0 for s in spreads]
+                ax.bar(x + (i - (len(policies) - 1) / 2) * width, means, width, yerr=errors,
+                       label=policy, capsize=1.5, error_kw={'linewidth': 0.6})
+            ax.set_xticks(x, workloads, fontsize=6)
+            ax.axhline(0, color='grey', linewidth=0.5)
+            ax.set_title(f'{figure} · {regime}', fontsize=8)
+            ax.tick_params(axis='y', labelsize=6)
+    axes[0][0].legend(fontsize=5, ncols=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
