@@ -48,6 +48,11 @@ def test_the_simulator_is_within_15_percent_of_the_cpu_engines(name: str) -> Non
     for entry in result['policies'].values():
         assert entry['real']['overall']['tasks'] == entry['sim']['overall']['tasks']
         assert set(entry['median_abs_rel_error']) == set(COMPARED)
+        # the iterations, real and simulated, side by side: where a model is off shows there
+        for side in ('real', 'sim'):
+            run = entry[side]['run']
+            assert run['engine_iterations'] > 0 and run['prefill_tokens'] > 0
+            assert run['prefill_iteration_ms_median'] > run['decode_iteration_ms_median'] > 0
 
 
 def test_the_h100_recording_replays_the_live_comparison() -> None:

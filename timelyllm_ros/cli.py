@@ -459,6 +459,14 @@ def cmd_validate_sim(args: argparse.Namespace) -> int:
                       'utility sim'], rows))
     print(f"ranking real {result['ranking']['real']}, sim {result['ranking']['sim']}: "
           f"{'same' if result['ranking_same'] else 'DIFFERENT'}")
+    keys = (('engine_iterations', 'iterations', '{:d}'), ('engine_busy_s', 'busy s', '{:.2f}'),
+            ('prefill_iteration_ms_median', 'prefill ms', '{:.1f}'),
+            ('decode_after_change_ms_median', 'decode after change ms', '{:.1f}'),
+            ('decode_iteration_ms_median', 'decode ms', '{:.1f}'))
+    rows = [[policy, side, *(format_value(entry[side]['run'].get(k), p) for k, _, p in keys)]
+            for policy, entry in result['policies'].items() for side in ('real', 'sim')]
+    print(text_table(['policy', 'run', *(h for _, h, _ in keys)], rows,
+                     title='engine iterations (medians)'))
     return 0
 
 

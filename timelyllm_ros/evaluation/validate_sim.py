@@ -199,16 +199,33 @@ def compare(recording: Recording, calibration: Calibration | None = None,
 
 
 def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dict[str, Any]:
-    """What a run's engine iterations add up to: their count, time, the median decode
-    iteration (no prefill) and the median iteration that prefilled, in ms."""
-    decode = [i.duration_s for i in iterations if not i.prefill_tokens]
-    prefill = [i.duration_s for i in iterations if i.prefill_tokens]
+    """What a run's engine iterations add up to: their count and time, and the median ms of
+    the iterations that prefilled, of the decodes right after the batch changed (a join, an
+    end, a prefill before), and of the decodes of an unchanged batch: where a latency model
+    is off shows in which of them differ."""
+    prefill: list[float] = []
+    changed: list[float] = []
+    steady: list[float] = []
+    previous: Iteration | None = None
+    for iteration in iterations:
+        ms = 1000.0 * iteration.duration_s
+        if iteration.prefill_tokens:
+            prefill.append(ms)
+        elif previous is None or previous.prefill_tokens or (
+                previous.batch_size != iteration.batch_size):
+            changed.append(ms)
+        else:
+            steady.append(ms)
+        previous = iteration
+
+    def median(values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
     return {'sim_time_s': sim_time_s, 'engine_iterations': len(iterations),
             'engine_busy_s': sum(i.duration_s for i in iterations),
-            'decode_iteration_ms_median': (1000.0 * statistics.median(decode)
-                                           if decode else None),
-            'prefill_iteration_ms_median': (1000.0 * statistics.median(prefill)
-                                            if prefill else None),
+            'prefill_iteration_ms_median': median(prefill),
+            'decode_after_change_ms_median': median(changed),
+            'decode_iteration_ms_median': median(steady),
             'prefill_tokens': sum(i.prefill_tokens for i in iterations),
             'cached_tokens': sum(i.cached_tokens for i in iterations)}
 
