@@ -29,55 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from timelyllm_ros.core.request import Generation, TaskSpec, TaskStatus
-from timelyllm_ros.core.tuf import tuf_for_class
+from timelyllm_ros.core.request import Generation, TaskStatus
 from timelyllm_ros.engines import create_engine
 from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
-from timelyllm_ros.evaluation.workloads import CLASS_TUF
-from timelyllm_ros.language.traces import approx_tokenize, load_trace_set
+from timelyllm_ros.evaluation.workloads import DEFAULT_BURST_S, overload_tasks
 
-DRONE_TRACES = tuple(range(1, 9))          # T1–T5 normal, T6–T8 urgent (Tello)
 DEFAULT_POLICIES = ('vllm', 'timelyllm')
-DEFAULT_BURST_S = 5.0
-
-
-def overload_tasks(robots: int, seed: int, burst_s: float = DEFAULT_BURST_S,
-                   tasks_per_robot: int = 1,
-                   trace_ids: Sequence[int] = DRONE_TRACES) -> list[TaskSpec]:
-    """Goals of ``robots`` robots, each sending ``tasks_per_robot`` goals within the burst.
-
-    Args:
-        robots: fleet size (robot ids ``tello-0000`` …).
-        seed: seeds the traces drawn and the arrival times.
-        burst_s: every goal arrives uniformly at random in ``[0, burst_s)`` simulated seconds.
-        tasks_per_robot: goals per robot (all within the burst).
-        trace_ids: drone traces to draw from.
-
-    Returns:
-        The goals in arrival order.
-    """
-    if robots < 1 or tasks_per_robot < 1:
-        raise ValueError('need at least one robot and one task per robot')
-    if not burst_s >= 0:
-        raise ValueError(f'burst_s must be >= 0, got {burst_s}')
-    traces = load_trace_set()
-    rng = np.random.default_rng(seed)
-    count = robots * tasks_per_robot
-    arrivals = np.sort(rng.uniform(0.0, burst_s, size=count)) if burst_s else np.zeros(count)
-    chosen = rng.choice(list(trace_ids), size=count)
-    robot_of = rng.permutation(np.repeat(np.arange(robots), tasks_per_robot))
-    tasks: list[TaskSpec] = []
-    for index in range(count):
-        trace = traces.get(int(chosen[index]))
-        task_tokens = min(len(approx_tokenize(trace.task)) + 4, trace.prompt_tokens)
-        tasks.append(TaskSpec(
-            task_id=f'goal-{index:05d}', robot_id=f'{trace.robot}-{int(robot_of[index]):04d}',
-            profile=trace.robot, task_class=trace.task_class, task_type=trace.task_type,
-            tuf=tuf_for_class(CLASS_TUF.get(trace.task_class, trace.task_class)),
-            arrival_time=float(arrivals[index]), task=trace.task,
-            prompt_tokens=trace.prompt_tokens, task_tokens=task_tokens, script=trace.pieces))
-    return tasks
 
 
 def generation_end_s(generation: Generation) -> float:

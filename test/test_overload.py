@@ -110,3 +110,13 @@ def test_savable_urgent_goals_are_admitted_before_normal_and_lost_ones() -> None
     saved = dict(policy.admitted)
     assert all(saved[f'urgent{i}'] for i in range(3))
     assert not any(saved[f'late{i}'] for i in range(30))
+
+
+def test_the_overloads_are_named_workloads(overload: ModuleType) -> None:
+    """`bench --workloads overload-1000` runs the benchmark's fleet (issue 28's matrix)."""
+    from timelyllm_ros.evaluation.workloads import resolve_workload, workload_names
+
+    assert {'overload-1000', 'overload-5000'} <= set(workload_names())
+    name, tasks = resolve_workload('overload-1000', seed=4)
+    assert name == 'overload-1000' and tasks == overload.overload_tasks(1000, 4)
+    assert len({t.robot_id for t in tasks}) == 1000

@@ -620,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                             'defaults to 0.1 there, so seeds matter on recorded workloads')
     bench.add_argument('--workloads', default=None,
                        help='with --matrix: comma-separated workloads (default wid1,wid2,wid3,'
-                            'authors-drone,authors-arm)')
+                            'authors-drone,authors-arm,overload-1000)')
     bench.add_argument('--seeds', type=int_list_arg(0, 2**31), default=None,
                        help='with --matrix: seeds (default 0,1,2,3,4)')
     bench.set_defaults(func=cmd_bench)

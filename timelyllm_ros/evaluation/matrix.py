@@ -22,7 +22,7 @@ from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.evaluation.bench import EngineOptions, regime_engine, run_bench
 from timelyllm_ros.evaluation.workloads import resolve_workload
 
-DEFAULT_WORKLOADS = ('wid1', 'wid2', 'wid3', 'authors-drone', 'authors-arm')
+DEFAULT_WORKLOADS = ('wid1', 'wid2', 'wid3', 'authors-drone', 'authors-arm', 'overload-1000')
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 FIGURES: tuple[tuple[str, str, str], ...] = (

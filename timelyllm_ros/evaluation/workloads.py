@@ -9,6 +9,7 @@ event triggers the i-th group (cycling), ``(1,2)`` meaning two robots start T1 a
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -160,7 +161,7 @@ BUILTIN_WORKLOADS: dict[str, WorkloadSpec] = {
 
 
 def workload_names() -> list[str]:
-    return [*BUILTIN_WORKLOADS, *AUTHORS_WORKLOADS]
+    return [*BUILTIN_WORKLOADS, *AUTHORS_WORKLOADS, *OVERLOAD_WORKLOADS]
 
 
 def _tuf_of(task_class: str) -> Tuf:
@@ -331,6 +332,53 @@ def load_authors_workload(path: str | Path, traces: TraceSet | None = None) -> l
     return tasks
 
 
+# -- overload: a whole fleet in one burst ------------------------------------------------------
+DRONE_TRACES = tuple(range(1, 9))          # T1–T5 normal, T6–T8 urgent (Tello)
+DEFAULT_BURST_S = 5.0
+
+
+def overload_tasks(robots: int, seed: int, burst_s: float = DEFAULT_BURST_S,
+                   tasks_per_robot: int = 1,
+                   trace_ids: Sequence[int] = DRONE_TRACES) -> list[TaskSpec]:
+    """Goals of ``robots`` robots, each sending ``tasks_per_robot`` goals within the burst.
+
+    Args:
+        robots: fleet size (robot ids ``tello-0000`` …).
+        seed: seeds the traces drawn and the arrival times.
+        burst_s: every goal arrives uniformly at random in ``[0, burst_s)`` simulated seconds.
+        tasks_per_robot: goals per robot (all within the burst).
+        trace_ids: drone traces to draw from.
+
+    Returns:
+        The goals in arrival order.
+    """
+    if robots < 1 or tasks_per_robot < 1:
+        raise ValueError('need at least one robot and one task per robot')
+    if not burst_s >= 0:
+        raise ValueError(f'burst_s must be >= 0, got {burst_s}')
+    traces = load_trace_set()
+    rng = np.random.default_rng(seed)
+    count = robots * tasks_per_robot
+    arrivals = np.sort(rng.uniform(0.0, burst_s, size=count)) if burst_s else np.zeros(count)
+    chosen = rng.choice(list(trace_ids), size=count)
+    robot_of = rng.permutation(np.repeat(np.arange(robots), tasks_per_robot))
+    tasks: list[TaskSpec] = []
+    for index in range(count):
+        trace = traces.get(int(chosen[index]))
+        task_tokens = min(len(approx_tokenize(trace.task)) + 4, trace.prompt_tokens)
+        tasks.append(TaskSpec(
+            task_id=f'goal-{index:05d}', robot_id=f'{trace.robot}-{int(robot_of[index]):04d}',
+            profile=trace.robot, task_class=trace.task_class, task_type=trace.task_type,
+            tuf=tuf_for_class(CLASS_TUF.get(trace.task_class, trace.task_class)),
+            arrival_time=float(arrivals[index]), task=trace.task,
+            prompt_tokens=trace.prompt_tokens, task_tokens=task_tokens, script=trace.pieces))
+    return tasks
+
+
+OVERLOAD_WORKLOADS = {'overload-1000': 1000, 'overload-5000': 5000}
+"""Named overloads (:func:`overload_tasks`): that many robots, one goal each, in 5 s."""
+
+
 def resolve_workload(name: str | None = None, seed: int = 0, workload_file: str | None = None,
                      composition: str | None = None) -> tuple[str, list[TaskSpec]]:
     """Tasks of a built-in workload, an authors' workload or a workload file."""
@@ -341,6 +389,8 @@ def resolve_workload(name: str | None = None, seed: int = 0, workload_file: str 
         spec = load_workload_spec(path)
     elif name in AUTHORS_WORKLOADS:
         return name, load_authors_workload(AUTHORS_WORKLOADS[name])
+    elif name in OVERLOAD_WORKLOADS:
+        return name, overload_tasks(OVERLOAD_WORKLOADS[name], seed)
     elif name in BUILTIN_WORKLOADS:
         spec = BUILTIN_WORKLOADS[name]
     else:
