@@ -501,7 +501,12 @@ def cmd_seg_overhead(args: argparse.Namespace) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from timelyllm_ros.evaluation.workloads import AUTHORS_WORKLOADS, BUILTIN_WORKLOADS
+    from timelyllm_ros.evaluation.workloads import (
+        AUTHORS_WORKLOADS,
+        BUILTIN_WORKLOADS,
+        DEFAULT_BURST_S,
+        OVERLOAD_WORKLOADS,
+    )
 
     for spec in BUILTIN_WORKLOADS.values():
         print(f'{spec.name:14} {spec.description} (EPS {spec.eps}, max TPE {spec.max_tpe}, '
@@ -509,6 +514,9 @@ def cmd_workloads(args: argparse.Namespace) -> int:
               f'{f", profile {spec.profile}" if spec.profile else ""})')
     for name, path in AUTHORS_WORKLOADS.items():
         print(f"{name:14} the TimelyLLM authors' workload {path.name} (CC BY 4.0)")
+    for name, robots in OVERLOAD_WORKLOADS.items():
+        print(f'{name:14} overload: {robots} drones, one goal each within {DEFAULT_BURST_S:g} s '
+              f'(traces 1-8)')
     return 0
 
 
