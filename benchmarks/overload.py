@@ -14,8 +14,8 @@ Per policy it reports the CPU time of one scheduling decision (``decide_mean_ms`
 the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it),
 ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
-batch size, the mean utility of urgent goals and of all goals, and how many urgent goals earned
-any utility. :func:`run_overload` returns the same as a dict (the fault campaign calls it).
+batch size, the mean utility of urgent goals (signed, and with late goals floored at 0) and of
+all goals, the completion rate, and how many urgent goals earned any utility. :func:`run_overload` returns the same as a dict (the fault campaign calls it).
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'max_batch_size': max(batches) if batches else 0,
         'urgent_tasks': len(urgent),
         'urgent_utility': _mean([r.utility for r in urgent]),
+        'urgent_utility_floored': _mean([max(r.utility, 0.0) for r in urgent]),
+        'completion_rate': len(done) / len(rows) if rows else 0.0,
         'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
@@ -134,7 +136,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
 
 def _table(report: dict[str, Any]) -> str:
     columns = ('goals_per_s', 'response_p50_s', 'response_p99_s', 'mean_batch_size',
-               'urgent_utility', 'utility_mean', 'decide_mean_ms', 'decide_p99_ms',
+               'urgent_utility', 'urgent_utility_floored', 'completion_rate', 'utility_mean',
+               'decide_mean_ms', 'decide_p99_ms',
                'decide_max_ms', 'wall_time_s')
     lines = [f"{report['tasks']} goals from {report['robots']} robots within "
              f"{report['burst_s']} s, seed {report['seed']}",
