@@ -15,7 +15,8 @@ the scheduler's own ``decide`` with its admission tests and hooks, as the fleet 
 ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
 batch size, the mean utility of urgent goals (signed, and with late goals floored at 0) and of
-all goals, the completion rate, and how many urgent goals earned any utility. :func:`run_overload` returns the same as a dict (the fault campaign calls it).
+all goals, the completion rate, and how many urgent goals earned any utility.
+:func:`run_overload` returns the same as a dict (the fault campaign calls it).
 """
 
 from __future__ import annotations

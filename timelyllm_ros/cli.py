@@ -127,7 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return _bench_matrix(args)
     name, tasks = _load_tasks(args)
     policies = resolve_policy_names(args.policies)
-    regimes: list[str] = args.regimes
+    regimes: list[str] = args.regimes or ['default', 'contended']
     engines = {regime: regime_engine(regime, _engine_options(args)) for regime in regimes}
     sizes: list[int] = args.batch_sizes or []
     steps = len(regimes) * len(policies) + len(sizes) * len(
@@ -163,7 +163,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _bench_matrix(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from timelyllm_ros.evaluation.matrix import DEFAULT_SEEDS, DEFAULT_WORKLOADS, run_matrix
+    from timelyllm_ros.evaluation.matrix import (
+        DEFAULT_REGIMES,
+        DEFAULT_SEEDS,
+        DEFAULT_WORKLOADS,
+        run_matrix,
+    )
     from timelyllm_ros.evaluation.workloads import workload_names
     from timelyllm_ros.policies import resolve_policy_names
 
@@ -172,7 +177,7 @@ def _bench_matrix(args: argparse.Namespace) -> int:
     if unknown:
         raise WorkloadInputError(','.join(unknown), 'unknown workload', 'workloads')
     seeds: list[int] = args.seeds or list(DEFAULT_SEEDS)
-    regimes: list[str] = args.regimes
+    regimes: list[str] = args.regimes or list(DEFAULT_REGIMES)
     policies = resolve_policy_names(args.policies)
     jitter = 0.1 if args.robot_jitter is None else args.robot_jitter
     with tqdm(total=len(workloads) * len(regimes) * len(seeds), desc='bench matrix',
@@ -615,9 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument('--batch-sizes', type=BATCH_SIZES,
                        help='also sweep fixed batch sizes, e.g. 1,2,4,6,8,12')
     bench.add_argument('--quiet', action='store_true', help='no progress bar')
-    bench.add_argument('--regimes', type=_regimes_arg, default='default,contended',
+    bench.add_argument('--regimes', type=_regimes_arg, default=None,
                        help='engine regimes, each a full run of the policies (default '
-                            'default,contended): ' + '; '.join(
+                            'default,contended; with --matrix default,contended,paper): '
+                            + '; '.join(
                                 f'{n}: {d.split(":")[0].split(" (")[0]}'
                                 for n, d in _regime_help().items())
                             + '. The first goes to --out, the others to --out/REGIME')

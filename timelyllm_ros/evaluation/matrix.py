@@ -24,6 +24,7 @@ from timelyllm_ros.evaluation.workloads import resolve_workload
 
 DEFAULT_WORKLOADS = ('wid1', 'wid2', 'wid3', 'authors-drone', 'authors-arm', 'overload-1000')
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+DEFAULT_REGIMES = ('default', 'contended', 'paper')
 
 FIGURES: tuple[tuple[str, str, str], ...] = (
     # (name, summary group, summary key)
@@ -54,7 +55,7 @@ def _spread(values: list[float]) -> dict[str, Any]:
 
 def run_matrix(out: Path, policies: Sequence[str],
                workloads: Sequence[str] = DEFAULT_WORKLOADS,
-               regimes: Sequence[str] = ('default', 'contended', 'paper'),
+               regimes: Sequence[str] = DEFAULT_REGIMES,
                seeds: Sequence[int] = DEFAULT_SEEDS, robot_jitter: float = 0.1,
                config: SchedulerConfig | None = None, engine: EngineOptions | None = None,
                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
