@@ -4,7 +4,6 @@ on the simulated engine; the CPU engine's runs are in test_engine_llamacpp.py)."
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
@@ -16,7 +15,6 @@ from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.evaluation.calibrate import (
     first_output,
     measure,
-    measure_context_prefill,
     write_calibration,
 )
 from timelyllm_ros.evaluation.recording import load_recording
@@ -255,8 +253,10 @@ def test_a_calibration_names_the_engine_device_and_the_host_cpu(monkeypatch) -> 
 
 
 class _LateOutputs(FaultInjectingEngine):
-    """An engine that hands each iteration's outputs out one step late, as vLLM's
-    asynchronous scheduling does (the GPU default of recent vLLM)."""
+    """An engine that hands each iteration out one step late, as vLLM's asynchronous
+    scheduling does (the GPU default of recent vLLM): a step launches the next iteration and
+    returns when the previous one is done, with its outputs, so its duration is that
+    iteration's too."""
 
     def __init__(self, inner) -> None:
         super().__init__(inner, {})
@@ -265,8 +265,7 @@ class _LateOutputs(FaultInjectingEngine):
     def step(self, only=None) -> StepResult:
         result = super().step(only)
         held, self._held = self._held, result
-        late = held if held is not None else StepResult(duration_s=0.0)
-        return replace(late, duration_s=result.duration_s, batch_size=result.batch_size)
+        return held if held is not None else StepResult(duration_s=0.0)
 
     def pause(self, request_id: str) -> None:
         super().pause(request_id)
@@ -276,14 +275,28 @@ class _LateOutputs(FaultInjectingEngine):
 
 
 def test_calibration_and_seg_overhead_read_a_join_whose_output_comes_a_step_late() -> None:
-    """Issue 26: on the H100 (vLLM 0.26) the cached-prefix prefill was 'not measured' and
-    seg-overhead's prefix_reuse null: both read only the step right after a join."""
-    plain = measure_context_prefill(create_engine('sim'), lambda t: 0.0, 0.0)
+    """Issue 26: on the H100 (vLLM 0.26, asynchronous scheduling) the cached-prefix prefill was
+    'not measured', seg-overhead's prefix reuse null, the prefill curve twice a decode at 16
+    tokens and a batch-change cost appeared: every one read the step right after a join, or
+    took the prefill for the first decode. On an engine whose steps come a step late, the
+    calibration is now the same as on the engine itself."""
     late_engine = _LateOutputs(create_engine('sim'))
     output = first_output(late_engine, _join(late_engine))
     assert output.steps == 2 and output.prefill_tokens > 0
-    late = measure_context_prefill(_LateOutputs(create_engine('sim')), lambda t: 0.0, 0.0)
-    assert plain is not None and late is not None and late > 0
+    for name in ('llama3-8b-fp16_rtx4090', 'smollm2-135m-fp32_cpu-transformers'):
+        def engine(name=name):  # type: ignore[no-untyped-def]
+            return create_engine('sim', calibration=name)
+        kwargs = {'lengths': (16, 256, 1024), 'batch_sizes': (1, 2, 4), 'steps': 4,
+                  'repeats': 1}
+        plain = measure(engine(), 'm', 'sim', **kwargs)
+        late = measure(_LateOutputs(engine()), 'm', 'sim', **kwargs)
+        assert late.prefill_ms == plain.prefill_ms
+        assert late.decode_ms == plain.decode_ms
+        assert late.engine.batch_change_ms_per_token == pytest.approx(
+            plain.engine.batch_change_ms_per_token, rel=1e-3, abs=1e-9)
+        assert late.prefill_ms_per_context_token == pytest.approx(
+            plain.prefill_ms_per_context_token, rel=1e-3, abs=1e-9)
+    assert load_calibration('smollm2-135m-fp32_cpu-transformers').engine.batch_change_ms_per_token
     reuse = segmentation_overhead(_LateOutputs(create_engine('sim')), [1])['1']['prefix_reuse']
     assert reuse == segmentation_overhead(create_engine('sim'), [1])['1']['prefix_reuse']
     assert reuse is not None and reuse > 0

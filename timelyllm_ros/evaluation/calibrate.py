@@ -99,10 +99,15 @@ class FirstOutput:
 
 
 def first_output(engine: Engine, request_id: str, limit: int = 8) -> FirstOutput:
-    """Step a just-joined generation until its first token comes out: one iteration on an
-    engine that hands each iteration's output out at once, two under vLLM's asynchronous
-    scheduling, whose step returns the previous iteration's outputs (the prefill and the
-    cache hit are reported with the output, so a single step read nothing there).
+    """Step a just-joined generation until its first token comes out, and time the
+    iterations that were its own: those that reported its prefill or its token.
+
+    On an engine that hands each iteration's output out at once that is the prefill
+    iteration (or its chunks). Under vLLM's asynchronous scheduling a step launches the next
+    iteration and returns the previous one, its outputs and its time: the first step then
+    reports what was still in flight before (not ours) and the one after it reports our
+    prefill with the first token; reading only the step right after the join found no cached
+    prefix and timed the wrong iteration.
 
     Raises:
         EngineError: no token within ``limit`` iterations.
@@ -111,10 +116,12 @@ def first_output(engine: Engine, request_id: str, limit: int = 8) -> FirstOutput
     prefill = cached = 0
     for steps in range(1, limit + 1):
         result = engine.step()
-        ms += result.duration_s * 1000.0
-        prefill += result.prefill_tokens
-        cached += result.prefix_cached_tokens
-        if result.produced(request_id) or request_id in result.finished:
+        produced = bool(result.produced(request_id)) or request_id in result.finished
+        if result.prefill_tokens or produced:
+            ms += result.duration_s * 1000.0
+            prefill += result.prefill_tokens
+            cached += result.prefix_cached_tokens
+        if produced:
             return FirstOutput(ms, prefill, cached, steps)
     raise EngineError(f'{request_id}: no token in {limit} iterations after it joined')
 
@@ -162,7 +169,9 @@ class DecodePoint:
 def measure_decode(engine: Engine, batch: int, context_words: int,
                    steps: int = 8) -> DecodePoint:
     """Decode iterations of ``batch`` generations: the first one after they joined, and the
-    median of the ``steps`` after it."""
+    median of the ``steps`` after it. An iteration counts once every member has had its first
+    token (under asynchronous scheduling a step reports the iteration before it: a leftover
+    of earlier work, or the prefill, would otherwise pass for a decode)."""
     probe = _Probe(engine, steps + 4)
     ids = [probe.request(context_words, steps + 4) for _ in range(batch)]
     context = 0
@@ -170,14 +179,18 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
         for request_id in ids:
             engine.run(request_id)
         samples: list[float] = []
+        started: set[str] = set()
         guard = 0
         while len(samples) <= steps and engine.running and guard < steps * 4 + len(ids) * 4:
             guard += 1
             result = engine.step()
+            ours = {r for r in ids if result.produced(r)}
+            formed = len(started) == len(ids)
+            started |= ours
             if result.prefill_tokens:
                 context += result.prefill_tokens
                 continue
-            if result.batch_size == batch:
+            if formed and ours and result.batch_size == batch:
                 samples.append(result.duration_s * 1000.0)
         if len(samples) < 2:
             raise EngineError(f'no decode iteration at batch {batch} could be measured')
