@@ -751,10 +751,10 @@ class Scheduler:
         each generation got from it where an engine produces several per iteration."""
         if result.prefill_tokens or not result.text:
             return
-        step_s = result.duration_s
+        step_s = result.iteration_time_s
         produced = sum(result.produced(r) for r in result.text)
         if produced > len(result.text):
-            step_s = result.duration_s * len(result.text) / produced
+            step_s = step_s * len(result.text) / produced
         weight = self.config.step_smoothing
         if self.recent_step_s is None:
             self.recent_step_s = step_s

@@ -66,6 +66,14 @@ class StepResult:
     prefix_cached_tokens: int = 0      # prompt tokens of (re)joining generations served from
                                        # kept or cached KV instead of being prefilled
     batch_size: int = 0                                        # generations in the iteration
+    iteration_s: float | None = None   # the iteration's own time where ``duration_s`` is the
+                                       # time since the previous step (replicas iterating
+                                       # side by side); None: ``duration_s``
+
+    @property
+    def iteration_time_s(self) -> float:
+        """How long the iteration itself took (what a decode speed is measured on)."""
+        return self.duration_s if self.iteration_s is None else self.iteration_s
 
     def produced(self, request_id: str) -> int:
         """Tokens the generation produced in this iteration (one when an engine gives text

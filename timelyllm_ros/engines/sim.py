@@ -46,6 +46,20 @@ from timelyllm_ros.errors import EngineError
 from timelyllm_ros.safe_files import EngineInputError
 
 
+@dataclass(frozen=True, slots=True)
+class IterationPlan:
+    """The next iteration of a simulated engine, as its state now makes it."""
+
+    duration_s: float
+    model_s: float                           # less the engine's fixed costs
+    new_tokens: int                          # tokens it prefills
+    producing: tuple[str, ...]               # generations that get a token (or end)
+    batch_size: int
+    prefills: tuple[tuple[str, int], ...]    # (generation, tokens prefilled) of its joiners
+    members: frozenset[str] | None           # its decode's members when they changed
+    readmitted: tuple[str, ...]              # resumed generations re-admitted in it
+
+
 @dataclass(slots=True)
 class _Generation:
     request: EngineRequest
@@ -309,26 +323,20 @@ class SimulatedEngine(BatchingEngine[_Generation]):
             raise EngineError(f'simulated engine failure at iteration {self.steps}')
         if not self._running:
             return StepResult(duration_s=0.0)
-        cal = self.calibration
+        plan = self.next_iteration(only)
         generations = self._generations
-        pending = sorted((r for r in self._running
-                          if generations[r].prefill_tokens or generations[r].swap_in_tokens),
-                         key=lambda r: generations[r].joined_at)
-        joins = cal.engine.max_joins_per_iteration
-        prefilling = pending[:joins] if joins else pending
-        if cal.engine.prefill_token_budget is None:
-            duration, new_tokens, producing, batch_size = self._whole_prefill_or_decode(
-                prefilling, only)
-        else:
-            duration, new_tokens, producing, batch_size = self._chunked(
-                prefilling, set(pending), only, cal.engine.prefill_token_budget)
-        self.model_s += duration
-        if not new_tokens and producing:
-            duration += self._batch_change_s(producing)
-        readmitted = [r for r in prefilling if generations[r].resuming]
-        for r in readmitted:
+        for r, chunk in plan.prefills:
+            if generations[r].swap_in_tokens:
+                generations[r].swap_in_tokens = 0
+            if chunk:
+                self._prefilled(r, chunk)
+        if plan.members is not None:
+            self._decode_members = plan.members
+        for r in plan.readmitted:
             generations[r].resuming = False
-        duration += cal.iteration_overhead_s + len(readmitted) * cal.resume_overhead_s
+        self.model_s += plan.model_s
+        duration = plan.duration_s
+        producing = plan.producing
         text: dict[str, str] = {}
         token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
@@ -361,24 +369,54 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return StepResult(
             duration_s=duration, text=text, token_ids=token_ids, finished=finished,
             preempted=tuple(preempted),
-            prefill_tokens=new_tokens, prefix_cached_tokens=cached, batch_size=batch_size,
+            prefill_tokens=plan.new_tokens, prefix_cached_tokens=cached,
+            batch_size=plan.batch_size,
         )
 
-    def _batch_change_s(self, producing: list[str]) -> float:
+    def next_iteration(self, only: Collection[str] | None = None) -> IterationPlan:
+        """What the next :meth:`step` would run and how long it would take, from the engine's
+        state now; nothing changes (the simulated replicas time an iteration at its start)."""
+        cal = self.calibration
+        generations = self._generations
+        if not self._running:
+            return IterationPlan(0.0, 0.0, 0, (), 0, (), None, ())
+        pending = sorted((r for r in self._running
+                          if generations[r].prefill_tokens or generations[r].swap_in_tokens),
+                         key=lambda r: generations[r].joined_at)
+        joins = cal.engine.max_joins_per_iteration
+        prefilling = pending[:joins] if joins else pending
+        if cal.engine.prefill_token_budget is None:
+            duration, new_tokens, producing, batch_size, prefills = (
+                self._whole_prefill_or_decode(prefilling, only))
+        else:
+            duration, new_tokens, producing, batch_size, prefills = self._chunked(
+                prefilling, set(pending), only, cal.engine.prefill_token_budget)
+        model_s = duration
+        members = None
+        if not new_tokens and producing:
+            change, members = self._batch_change_s(producing)
+            duration += change
+        readmitted = tuple(r for r in prefilling if generations[r].resuming)
+        duration += cal.iteration_overhead_s + len(readmitted) * cal.resume_overhead_s
+        return IterationPlan(duration, model_s, new_tokens, tuple(producing), batch_size,
+                             tuple(prefills), members, readmitted)
+
+    def _batch_change_s(self, producing: list[str]) -> tuple[float, frozenset[str] | None]:
         """What a decode costs beyond the model when its members changed since the last one:
-        each member's KV restacked to the batch's longest context."""
+        each member's KV restacked to the batch's longest context; and the new members
+        (None: unchanged)."""
         members = frozenset(producing)
         if members == self._decode_members:
-            return 0.0
-        self._decode_members = members
+            return 0.0, None
         widest = max(self._attended_tokens(r) for r in producing)
         return (self.calibration.engine.batch_change_ms_per_token * len(producing) * widest
-                / 1000.0)
+                / 1000.0), members
 
     def _whole_prefill_or_decode(self, prefilling: list[str], only: Collection[str] | None
-                                 ) -> tuple[float, int, list[str], int]:
+                                 ) -> tuple[float, int, list[str], int, list[tuple[str, int]]]:
         """vLLM 0.5: prefill the joining generations whole (the others' decode stalls), or
-        decode every running one. Returns (duration, prefilled tokens, producing, batch)."""
+        decode every running one. Returns (duration, prefilled tokens, producing, batch, the
+        prefills to apply as (generation, tokens))."""
         cal = self.calibration
         generations = self._generations
         if prefilling:
@@ -388,17 +426,15 @@ class SimulatedEngine(BatchingEngine[_Generation]):
                         + sum(self._context_cost_s(r, generations[r].prefill_tokens)
                               for r in prefilling))
             producing = [r for r in prefilling if generations[r].prefill_tokens]
-            for r in prefilling:
-                self._prefilled(r, generations[r].prefill_tokens)
-                generations[r].swap_in_tokens = 0
-            return duration, new_tokens, producing, len(self._running)  # stalled ones too
+            prefills = [(r, generations[r].prefill_tokens) for r in prefilling]
+            return duration, new_tokens, producing, len(self._running), prefills  # stalled too
         ready = [r for r in self._running if not generations[r].prefill_tokens]
         producing = [r for r in ready if only is None or r in only] or ready
         context = sum(self._attended_tokens(r) for r in producing)
-        return cal.decode_s(len(producing), context), 0, producing, len(producing)
+        return cal.decode_s(len(producing), context), 0, producing, len(producing), []
 
     def _chunked(self, prefilling: list[str], pending: set[str], only: Collection[str] | None,
-                 budget: int) -> tuple[float, int, list[str], int]:
+                 budget: int) -> tuple[float, int, list[str], int, list[tuple[str, int]]]:
         """Chunked prefill (vLLM v1): decode every ready generation and spend the rest of the
         token budget on pending prefills, oldest first; a generation whose prefill completes
         produces its first token in the same iteration."""
@@ -411,22 +447,22 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         swapped = 0
         context_s = 0.0
         completed: list[str] = []
+        prefills: list[tuple[str, int]] = []
         for r in prefilling:
             generation = generations[r]
             swapped += generation.swap_in_tokens
-            generation.swap_in_tokens = 0
             chunk = min(left, generation.prefill_tokens)
             left -= chunk
             new_tokens += chunk
             context_s += self._context_cost_s(r, chunk)
-            self._prefilled(r, chunk)
-            if not generation.prefill_tokens:
+            prefills.append((r, chunk))
+            if chunk >= generation.prefill_tokens:
                 completed.append(r)
         context = sum(self._attended_tokens(r) for r in decoding)
         duration = (cal.decode_s(len(decoding), context) + cal.prefill_s(new_tokens)
                     + cal.swap_in_s(swapped) + context_s)
         producing = decoding + completed
-        return duration, new_tokens, producing, len(producing)
+        return duration, new_tokens, producing, len(producing), prefills
 
     def _context_cost_s(self, request_id: str, tokens: int) -> float:
         """Extra cost of prefilling ``tokens`` of a generation over what its KV holds."""

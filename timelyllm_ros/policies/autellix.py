@@ -391,7 +391,7 @@ class AutellixPolicy(PlannedBatchPolicy):
     def on_step(self, result: StepResult, stepped: Sequence[Generation],
                 ctx: AdmissionContext) -> None:
         super().on_step(result, stepped, ctx)
-        duration = result.duration_s
+        duration = result.iteration_time_s
         for task_id in dict.fromkeys(g.task_id for g in stepped):
             call = self.calls.get(task_id)
             if call is not None:
