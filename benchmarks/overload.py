@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from timelyllm_ros.core.request import Generation, TaskStatus
-from timelyllm_ros.engines import create_engine
+from timelyllm_ros.evaluation.bench import EngineOptions
 from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
 from timelyllm_ros.evaluation.workloads import DEFAULT_BURST_S, overload_tasks
@@ -106,7 +106,7 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
 
 def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_POLICIES,
                  burst_s: float = DEFAULT_BURST_S, tasks_per_robot: int = 1,
-                 prefix_caching: bool = True) -> dict[str, Any]:
+                 prefix_caching: bool = True, replicas: int = 1) -> dict[str, Any]:
     """Run every policy on the same overload burst; the figures of each, side by side.
 
     Args:
@@ -116,6 +116,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
         burst_s: simulated seconds over which the goals arrive.
         tasks_per_robot: goals each robot sends within the burst.
         prefix_caching: whether the simulated engine shares the robot prompt's KV.
+        replicas: simulated engines behind one queue (a replica pool).
 
     Returns:
         ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'policies':
@@ -124,13 +125,15 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     """
     tasks = overload_tasks(robots, seed, burst_s=burst_s, tasks_per_robot=tasks_per_robot)
     figures = {policy: policy_figures(simulate(
-        tasks, policy, seed=seed, engine=create_engine('sim', prefix_caching=prefix_caching)))
+        tasks, policy, seed=seed,
+        engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas).build()))
         for policy in policies}
     ratio = None
     if 'vllm' in figures and 'timelyllm' in figures and figures['vllm']['goals_per_s'] > 0:
         ratio = figures['timelyllm']['goals_per_s'] / figures['vllm']['goals_per_s']
     return {'robots': robots, 'seed': seed, 'tasks': len(tasks), 'burst_s': burst_s,
             'tasks_per_robot': tasks_per_robot, 'prefix_caching': prefix_caching,
+            'replicas': replicas,
             'policies': figures,
             'throughput_ratio': ratio}
 
@@ -165,12 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument('--policies', default=','.join(DEFAULT_POLICIES))
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')
+    parser.add_argument('--replicas', type=int, default=1,
+                        help='simulated engines behind one queue (a replica pool)')
     parser.add_argument('--json', action='store_true', help='print the figures as JSON')
     args = parser.parse_args(argv)
     report = run_overload(args.robots, args.seed,
                           policies=[p for p in args.policies.split(',') if p],
                           burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
-                          prefix_caching=not args.no_prefix_cache)
+                          prefix_caching=not args.no_prefix_cache, replicas=args.replicas)
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0
 

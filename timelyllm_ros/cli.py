@@ -60,7 +60,8 @@ def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from timelyllm_ros.evaluation.bench import EngineOptions
 
     return EngineOptions(args.calibration, not args.no_prefix_cache, args.engine,
-                         tuple(_engine_option_values(args).items()))
+                         tuple(_engine_option_values(args).items()),
+                         replicas=getattr(args, 'replicas', 1))
 
 
 def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -559,6 +560,9 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--calibration', default=None, help='calibration name or YAML path')
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')
+    parser.add_argument('--replicas', type=int_arg(1, 64), default=1, metavar='N',
+                        help='N simulated engines behind one queue and scheduler (a replica '
+                             'pool: each generation stays on the replica it started on)')
     parser.add_argument('--tasks', type=int_arg(1), default=None, metavar='N',
                         help='only the first N tasks by arrival (scale down for a slow engine)')
     _add_engine_args(parser, default_force=True)

@@ -22,7 +22,9 @@ from timelyllm_ros.core.clock import SimClock
 from timelyllm_ros.core.request import TaskSpec
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.core.tuf import NORMAL, URGENT
-from timelyllm_ros.engines import Engine, create_engine, engine_options
+from timelyllm_ros.engines import Engine, create_engine, engine_class, engine_options
+from timelyllm_ros.engines.replicas import SimulatedReplicas
+from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import ConfigError
 from timelyllm_ros.evaluation.metrics import (
     TaskMetrics,
@@ -54,16 +56,30 @@ class EngineOptions:
     prefix_caching: bool = True
     name: str = 'sim'                               # engine name for create_engine
     options: tuple[tuple[str, object], ...] = ()    # extra keyword options of a real engine
+    replicas: int = 1                               # simulated replicas behind one queue
 
     def build(self) -> Engine:
         """The engine, through :func:`~timelyllm_ros.engines.create_engine` (EngineError for an
-        option it does not take), warmed up."""
+        option it does not take), warmed up; ``replicas`` simulated engines behind one
+        (:class:`~timelyllm_ros.engines.replicas.SimulatedReplicas`) when more than one.
+
+        Raises:
+            ConfigError: replicas below 1, or several of a real engine (a pool of servers is
+                the vllm-server engine's, issue 30).
+        """
+        if self.replicas < 1:
+            raise ConfigError(f'replicas must be >= 1, got {self.replicas}')
+        if self.replicas > 1 and not issubclass(engine_class(self.name), SimulatedEngine):
+            raise ConfigError(f'--replicas simulates replicas of the calibrated simulator; '
+                              f'engine {self.name} runs one')
         options: dict[str, Any] = dict(self.options)
         if self.calibration is not None:
             options['calibration'] = self.calibration
         if not self.prefix_caching:
             options['prefix_caching'] = False
-        engine = create_engine(self.name, **options)
+        engines = [create_engine(self.name, **options) for _ in range(self.replicas)]
+        engine = engines[0] if len(engines) == 1 else SimulatedReplicas(
+            [e for e in engines if isinstance(e, SimulatedEngine)])
         engine.warmup()          # first-call allocations stay out of the measured run
         return engine
 
@@ -72,6 +88,8 @@ class EngineOptions:
         described: dict[str, object] = {'name': self.name}
         if 'calibration' in engine_options(self.name):
             described['calibration'] = self.calibration or 'default'
+        if self.replicas > 1:
+            described['replicas'] = self.replicas
         return {**described, 'prefix_caching': self.prefix_caching, **dict(self.options)}
 
 

@@ -1,0 +1,111 @@
+"""Simulated replicas: N calibrated engines behind one queue and one scheduler (issue 30)."""
+
+from __future__ import annotations
+
+import pytest
+
+from timelyllm_ros.cli import main
+from timelyllm_ros.engines.replicas import SimulatedReplicas
+from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.errors import ConfigError
+from timelyllm_ros.evaluation.bench import EngineOptions
+from timelyllm_ros.evaluation.metrics import task_metrics
+from timelyllm_ros.evaluation.simulation import simulate
+from timelyllm_ros.evaluation.workloads import resolve_workload
+
+# ranking only, preemption and KV eviction, KV compression and kills, a decode mask
+POLICIES = ('vllm', 'timelyllm', 'semantic', 'timebill', 'slice')
+
+
+def _tasks(workload: str = 'wid1', count: int = 60):
+    return sorted(resolve_workload(workload, seed=0)[1], key=lambda t: t.arrival_time)[:count]
+
+
+@pytest.mark.parametrize('policy', POLICIES)
+def test_one_replica_is_the_engine_itself(policy: str) -> None:
+    tasks = _tasks()
+    alone = simulate(tasks, policy, engine=SimulatedEngine())
+    pooled = simulate(tasks, policy, engine=SimulatedReplicas([SimulatedEngine()]))
+    assert [task_metrics(g) for g in pooled.generations] == [
+        task_metrics(g) for g in alone.generations]
+    assert pooled.sim_time_s == alone.sim_time_s
+
+
+@pytest.mark.parametrize('policy', POLICIES)
+def test_replicas_lose_nothing_and_keep_each_plan_on_one_replica(policy: str) -> None:
+    """Replicas iterate at their own pace; whatever the timing, every goal gets the plan it
+    gets alone, and each generation's tokens all come from one replica (its KV is there)."""
+    tasks = _tasks('wid2', 120)
+    replicas = [SimulatedEngine() for _ in range(3)]
+    producers: dict[str, set[int]] = {}
+    for index, replica in enumerate(replicas):
+        step = replica.step
+
+        def recording_step(only=None, step=step, index=index):  # type: ignore[no-untyped-def]
+            result = step(only)
+            for request_id in result.text:
+                producers.setdefault(request_id, set()).add(index)
+            return result
+
+        replica.step = recording_step  # type: ignore[method-assign]
+    pooled = simulate(tasks, policy, engine=SimulatedReplicas(replicas))
+    alone = simulate(tasks, policy, engine=SimulatedEngine())
+    plans = {g.task_id: ''.join(s.text for s in g.segments) for g in alone.generations}
+    for generation in pooled.generations:
+        if generation.status.name == 'FINISHED':
+            assert ''.join(s.text for s in generation.segments) == plans[generation.task_id]
+    assert all(len(used) == 1 for used in producers.values())
+    assert {i for used in producers.values() for i in used} == {0, 1, 2}   # load is spread
+
+
+def test_replicas_iterate_side_by_side() -> None:
+    """Two replicas, each busy: the fleet's clock runs about half the engines' time."""
+    tasks = _tasks('wid2', 200)
+    replicas = [SimulatedEngine(), SimulatedEngine()]
+    result = simulate(tasks, 'vllm', engine=SimulatedReplicas(replicas))
+    busy = [r.busy_s for r in replicas]
+    assert min(busy) > 0.3 * max(busy)
+    assert result.engine_busy_s == pytest.approx(max(busy))
+    alone = simulate(tasks, 'vllm', engine=SimulatedEngine())
+    # the same work done by two: the backlog clears sooner, nothing is served later
+    late = [task_metrics(g).completion_time_s for g in result.generations]
+    late_alone = [task_metrics(g).completion_time_s for g in alone.generations]
+    assert sum(late) < sum(late_alone)
+
+
+def test_placement_prefers_room_then_a_cached_prefix() -> None:
+    from timelyllm_ros.engines.base import EngineRequest
+
+    pool = SimulatedReplicas([SimulatedEngine(max_num_seqs=2), SimulatedEngine(max_num_seqs=2)])
+
+    def request(name: str) -> str:
+        pool.register(EngineRequest(request_id=name, prompt='p', prompt_tokens=64,
+                                    max_tokens=8, script=(' a',) * 8, prefix_id='tello',
+                                    prefix_tokens=48))
+        return name
+
+    pool.run(request('a'))
+    assert pool.placement('a') == 0
+    assert pool.placement(request('b')) == 1          # more room there, cold prefix or not
+    pool.run('b')
+    assert pool.placement(request('c')) == 0          # equal room: the lower index
+    pool.run('c')
+    assert pool.placement(request('d')) == 1
+    pool.pause('a')
+    assert pool.placement('a') == 0                   # a generation stays where its KV is
+
+
+def test_replicas_are_options_of_the_simulator_only() -> None:
+    with pytest.raises(ConfigError, match='replicas must be >= 1'):
+        EngineOptions(replicas=0).build()
+    with pytest.raises(ConfigError, match='simulates replicas of the calibrated simulator'):
+        EngineOptions(name='cpu', replicas=2).build()
+    engine = EngineOptions(replicas=4).build()
+    assert isinstance(engine, SimulatedReplicas) and len(engine.replicas) == 4
+    assert engine.max_num_seqs == 4 * engine.replicas[0].max_num_seqs
+    assert EngineOptions(replicas=4).describe()['replicas'] == 4
+
+
+def test_run_command_takes_replicas(capsys) -> None:
+    assert main(['run', '--workload', 'wid1', '--replicas', '2', '--tasks', '30']) == 0
+    assert '30' in capsys.readouterr().out

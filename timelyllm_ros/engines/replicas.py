@@ -1,0 +1,253 @@
+"""Simulated replicas: N calibrated engines behind one queue and one scheduler (issue 30).
+
+A fleet that outgrows one GPU is served by several replicas of the engine. The pool is an
+:class:`~timelyllm_ros.engines.base.Engine`, so the scheduler and every policy run unchanged:
+
+* a generation is placed on a replica when it first runs and stays there for its life: its KV
+  is there (affinity); every later call about it goes to that replica;
+* a new generation goes to the replica with the most free batch slots, then one that already
+  served its prompt prefix (its robot kind's: cached there), then the fewest running, then the
+  lowest index (:meth:`SimulatedReplicas.placement`); load comes first because a cold prefix
+  costs one prompt prefill per replica and robot kind, once;
+* replicas iterate side by side, each at its own pace: an iteration is timed when it starts
+  (:meth:`~timelyllm_ros.engines.sim.SimulatedEngine.next_iteration`) and run when it ends,
+  with the replica's state then; a step hands out the replica (or replicas) whose iteration
+  ends first, its ``duration_s`` the time since the previous step and its ``iteration_s`` the
+  iteration's own length. A generation admitted to a replica in the middle of its iteration
+  gets that iteration's token, one paused in the middle does not: at most one iteration early
+  or late, and nothing generated is lost;
+* admission asks the replica a generation would go to (``can_run``, ``run_cost_s``); the
+  decode-step model is that of a replica holding an even share of the batch.
+
+With one replica the pool is that replica, iteration for iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+
+from timelyllm_ros.engines.base import (
+    Capability,
+    CostModel,
+    Engine,
+    EngineBehaviour,
+    EngineRequest,
+    EngineStats,
+    EvictTo,
+    KvAccounting,
+    PlanScript,
+    StepResult,
+)
+from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.errors import EngineError
+
+
+class SimulatedReplicas(Engine):
+    """N simulated engines of the same settings, as one."""
+
+    def __init__(self, replicas: Sequence[SimulatedEngine]) -> None:
+        if not replicas:
+            raise EngineError('a replica pool needs at least one replica')
+        self.replicas = tuple(replicas)
+        self._clock = 0.0                          # the pool's own time (differences matter)
+        self._ends: dict[int, tuple[float, float]] = {}   # replica -> (start, length) of its
+                                                          # iteration under way
+        self.lookahead_tokens = max(r.lookahead_tokens for r in self.replicas)
+        self._requests: dict[str, EngineRequest] = {}
+        self._home: dict[str, int] = {}            # request id -> its replica, for life
+        self._registered: dict[str, int] = {}      # request id -> the replica that knows it
+        self._prefixes: list[set[str]] = [set() for _ in self.replicas]   # prefix ids served
+
+    # -- placement --------------------------------------------------------------------------
+    def placement(self, request_id: str) -> int:
+        """The replica a generation runs on: its home once it has one, else where it would go
+        now (the module docstring's rule; asking changes nothing)."""
+        home = self._home.get(request_id)
+        if home is not None:
+            return home
+        prefix = self._known(request_id).prefix_id
+
+        def rank(index: int) -> tuple[int, bool, int, int]:
+            replica = self.replicas[index]
+            free = replica.max_num_seqs - len(replica.running)
+            cached = prefix is not None and prefix in self._prefixes[index]
+            return (-free, not cached, len(replica.running), index)
+
+        return min(range(len(self.replicas)), key=rank)
+
+    def replica_of(self, request_id: str) -> Engine:
+        """The replica a generation runs (or would run) on."""
+        return self.replicas[self.placement(request_id)]
+
+    def _known(self, request_id: str) -> EngineRequest:
+        request = self._requests.get(request_id)
+        if request is None:
+            raise EngineError(f'unknown request {request_id!r}')
+        return request
+
+    def _homed(self, request_id: str) -> Engine:
+        """The replica of a generation that has run; registering placed it nowhere yet."""
+        home = self._home.get(request_id)
+        if home is None:
+            self._known(request_id)
+            raise EngineError(f'request {request_id!r} has not run on any replica yet')
+        return self.replicas[home]
+
+    def _placed(self, request_id: str) -> Engine:
+        """The replica of the generation's placement, with the request registered there. A
+        generation that has not run yet follows its placement: asked about before, it may
+        have been registered on another replica, which never held its KV."""
+        index = self.placement(request_id)
+        current = self._registered.get(request_id)
+        if current != index:
+            request = self._known(request_id)
+            if current is not None:
+                self.replicas[current].release(request_id)
+            self.replicas[index].register(request)
+            self._registered[request_id] = index
+        return self.replicas[index]
+
+    # -- the engine interface ---------------------------------------------------------------
+    def register(self, request: EngineRequest) -> None:
+        if request.request_id in self._requests:
+            raise EngineError(f'request {request.request_id!r} is already registered')
+        self._requests[request.request_id] = request
+
+    def can_run(self, request_id: str) -> bool:
+        return self._placed(request_id).can_run(request_id)
+
+    def fits_when_idle(self, request_id: str) -> bool:
+        return self._placed(request_id).fits_when_idle(request_id)
+
+    def run_cost_s(self, request_id: str) -> float:
+        return self._placed(request_id).run_cost_s(request_id)
+
+    def run(self, request_id: str) -> None:
+        replica = self._placed(request_id)
+        replica.run(request_id)
+        index = self._registered[request_id]
+        self._home[request_id] = index
+        prefix = self._requests[request_id].prefix_id
+        if prefix is not None:
+            self._prefixes[index].add(prefix)
+
+    def pause(self, request_id: str) -> None:
+        self._homed(request_id).pause(request_id)
+
+    def release(self, request_id: str) -> None:
+        self._known(request_id)
+        index = self._registered.pop(request_id, None)
+        if index is not None:
+            self.replicas[index].release(request_id)
+        self._home.pop(request_id, None)
+        self._requests.pop(request_id, None)
+
+    def evict(self, request_id: str, to: EvictTo) -> None:
+        self._homed(request_id).evict(request_id, to)
+
+    def compress_kv(self, request_id: str, evict_ratio: float) -> None:
+        self._homed(request_id).compress_kv(request_id, evict_ratio)
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        for index, replica in enumerate(self.replicas):
+            if index not in self._ends and replica.running:
+                mask = self._mask(replica, only)
+                if mask is None or mask:
+                    self._ends[index] = (self._clock, replica.next_iteration(mask).duration_s)
+        if not self._ends:
+            return StepResult(duration_s=0.0)
+        end = min(start + length for start, length in self._ends.values())
+        ending = sorted(i for i, (start, length) in self._ends.items() if start + length == end)
+        # the time since the previous step: an iteration that began then is exactly its length
+        gap = min(length if start == self._clock else end - self._clock
+                  for start, length in (self._ends[i] for i in ending))
+        results = []
+        for index in ending:
+            del self._ends[index]
+            replica = self.replicas[index]
+            if replica.running:     # its generations may all have left in the meantime
+                results.append(replica.step(self._mask(replica, only)))
+        self._clock = end
+        merged = StepResult(
+            duration_s=gap,
+            iteration_s=max((r.duration_s for r in results), default=gap),
+            preempted=tuple(p for r in results for p in r.preempted),
+            prefill_tokens=sum(r.prefill_tokens for r in results),
+            prefix_cached_tokens=sum(r.prefix_cached_tokens for r in results),
+            batch_size=sum(r.batch_size for r in results))
+        for result in results:
+            merged.text.update(result.text)
+            merged.token_ids.update(result.token_ids)
+            merged.finished.update(result.finished)
+        return merged
+
+    @staticmethod
+    def _mask(replica: Engine, only: Collection[str] | None) -> list[str] | None:
+        """A decode mask's part on one replica (None: no mask; empty: none of its own)."""
+        return None if only is None else [r for r in replica.running if r in only]
+
+    def decode_step_s(self, batch_size: int) -> float:
+        share = max(1, math.ceil(batch_size / len(self.replicas)))
+        return max(replica.decode_step_s(share) for replica in self.replicas)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(r for replica in self.replicas for r in replica.running)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return sum(replica.max_num_seqs for replica in self.replicas)
+
+    def stats(self) -> EngineStats:
+        each = [replica.stats() for replica in self.replicas]
+        first = each[0]
+        return EngineStats(
+            model=first.model, hardware=f'{len(each)} x {first.hardware}',
+            steps=max(s.steps for s in each), busy_s=max(s.busy_s for s in each),
+            kv_capacity_tokens=sum(s.kv_capacity_tokens for s in each),
+            kv_bytes_per_token=first.kv_bytes_per_token,
+            swap_bytes=sum(s.swap_bytes for s in each), swap_s=sum(s.swap_s for s in each),
+            grammar_s=sum(s.grammar_s for s in each), model_s=sum(s.model_s for s in each),
+            preemptions=sum(s.preemptions for s in each))
+
+    def behaviour(self) -> EngineBehaviour:
+        return self.replicas[0].behaviour()
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.replicas[0].kv_block_size
+
+    def reset_prefix_cache(self) -> None:
+        for replica in self.replicas:
+            replica.reset_prefix_cache()
+        for served in self._prefixes:
+            served.clear()
+
+    def warmup(self) -> None:
+        for replica in self.replicas:
+            replica.warmup()
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+    def supports(self, capability: Capability) -> bool:
+        return all(replica.supports(capability) for replica in self.replicas)
+
+    def count_tokens(self, text: str) -> int:
+        return self.replicas[0].count_tokens(text)
+
+    def token_ids(self, request_id: str) -> tuple[int, ...]:
+        return self._homed(request_id).token_ids(request_id)
+
+    def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
+        return self.replicas[0].scripted_plan(robot_kind, task, task_class)
+
+    def kv_accounting(self) -> KvAccounting | None:
+        """None: the pool's memory is N separate memories (a policy reading one block count
+        would misjudge where a generation fits; :meth:`can_run` asks the right replica)."""
+        return None
+
+    def cost_model(self) -> CostModel | None:
+        return self.replicas[0].cost_model()
