@@ -109,3 +109,13 @@ def test_replicas_are_options_of_the_simulator_only() -> None:
 def test_run_command_takes_replicas(capsys) -> None:
     assert main(['run', '--workload', 'wid1', '--replicas', '2', '--tasks', '30']) == 0
     assert '30' in capsys.readouterr().out
+
+
+def test_simspeed_runs_the_engine_it_is_given(capsys) -> None:
+    """simspeed builds its engine from the options (replicas, calibration), as run does."""
+    import json
+
+    assert main(['simspeed', '--workload', 'wid1', '--tasks', '20', '--policies', 'vllm',
+                 '--repeats', '1', '--replicas', '2', '--json']) == 0
+    speeds = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert speeds['vllm'] > 0

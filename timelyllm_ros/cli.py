@@ -266,7 +266,9 @@ def cmd_simspeed(args: argparse.Namespace) -> int:
     for policy in resolve_policy_names(args.policies):
         best = None
         for _ in range(args.repeats):
-            result = simulate(tasks, policy, seed=args.seed, robot_jitter=args.robot_jitter or 0.0)
+            result = simulate(tasks, policy, seed=args.seed, config=_config(args),
+                              engine=_engine_options(args).build(),
+                              robot_jitter=args.robot_jitter or 0.0)
             speed = result.sim_time_s / result.wall_time_s
             best = speed if best is None else max(best, speed)
         results[policy] = best
