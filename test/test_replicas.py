@@ -119,3 +119,34 @@ def test_simspeed_runs_the_engine_it_is_given(capsys) -> None:
                  '--repeats', '1', '--replicas', '2', '--json']) == 0
     speeds = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert speeds['vllm'] > 0
+
+
+def test_the_latency_test_weighs_the_candidates_replica_only() -> None:
+    """A replica's iterations are not slowed by another's batch: the test sees the candidate's
+    replica (its running generations), not the whole pool."""
+    from dataclasses import replace as with_
+
+    from timelyllm_ros.core.admission import _on_replica
+    from timelyllm_ros.core.clock import SimClock
+    from timelyllm_ros.core.scheduler import Scheduler
+    from timelyllm_ros.engines.base import EngineView
+    from timelyllm_ros.policies import create_policy
+
+    pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()])
+    scheduler = Scheduler(create_policy('timelyllm'), pool, SimClock())
+    tasks = _tasks('wid2', 12)
+    for spec in tasks:
+        scheduler.submit(with_(spec, arrival_time=0.0))
+    scheduler.tick()
+    running = list(scheduler.generations.values())
+    on = {g.task_id: pool.placement(g.task_id) for g in running if g.task_id in pool.running}
+    assert set(on.values()) == {0, 1}
+    ctx = scheduler._context(0.0)
+    view = EngineView(pool)
+    replica = view.cohort(next(iter(on)))
+    assert replica is not None
+    local = _on_replica(ctx, replica)
+    assert {g.task_id for g in local.running} == set(replica.running)
+    assert 0 < len(local.running) < len(pool.running)
+    assert local.max_batch == pool.replicas[0].max_num_seqs
+    assert EngineView(SimulatedEngine()).cohort('anything') is None    # one engine: no cohort

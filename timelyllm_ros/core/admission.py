@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Collection, Reversible, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, overload
 
 import numpy as np
@@ -316,6 +316,14 @@ def delay_cost(extra_s: float, ctx: AdmissionContext, batch: BatchColumns | None
     return float(np.cumsum(np.where(overrun > 0, -batch.alpha * overrun, 0.0))[-1])
 
 
+def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
+    """The context as one replica of a pool sees it: its engine, its running generations, its
+    batch cap (the latency test protects the iterations a candidate would slow down)."""
+    members = set(replica.running)
+    return replace(ctx, engine=replica, running=[g for g in ctx.running if g.task_id in members],
+                   max_batch=replica.max_num_seqs, batch_columns=None)
+
+
 def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
@@ -324,6 +332,9 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     ``urgency_tie_s`` (one segment generation time G by default in the scheduler) count as
     equally urgent: requests of one event arrive milliseconds apart, and serialising them
     would make each wait a whole segment for a difference of a few milliseconds.
+
+    On a pool of replicas the test weighs the candidate's replica only (its running
+    generations, its batch cap and decode model): the others' iterations do not slow down.
 
     Once the most urgent one has missed its deadline (budget ≤ 0, module docstring), the
     candidate joins if the running generations lose less utility from its delay
@@ -335,6 +346,9 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
         candidate: the best queued generation.
         ctx: the admission context (the lost queued goals: its :class:`LostTally`).
     """
+    cohort = ctx.engine.cohort(candidate.task_id)
+    if cohort is not None:
+        ctx = _on_replica(ctx, cohort)
     if not ctx.running:
         return True
     batch = _batch(ctx)

@@ -378,6 +378,11 @@ class Engine(ABC):
         """The engine's latency model, if it has one (the simulator's calibration)."""
         return None
 
+    def cohort(self, request_id: str) -> Engine | None:
+        """The engine whose iterations this generation would join, where that is not this
+        one: a replica of a pool (None: this engine; its whole batch is one cohort)."""
+        return None
+
 
 G = TypeVar('G')
 
@@ -434,6 +439,11 @@ class EngineView:
     def decode_step_s(self, batch_size: int) -> float:
         """Estimated time of one decode iteration with ``batch_size`` generations."""
         return self._engine.decode_step_s(batch_size)
+
+    def cohort(self, request_id: str) -> EngineView | None:
+        """The view of the replica this generation would run on (:meth:`Engine.cohort`)."""
+        replica = self._engine.cohort(request_id)
+        return EngineView(replica) if replica is not None else None
 
     def supports(self, capability: Capability) -> bool:
         return self._engine.supports(capability)

@@ -16,8 +16,9 @@ A fleet that outgrows one GPU is served by several replicas of the engine. The p
   iteration's own length. A generation admitted to a replica in the middle of its iteration
   gets that iteration's token, one paused in the middle does not: at most one iteration early
   or late, and nothing generated is lost;
-* admission asks the replica a generation would go to (``can_run``, ``run_cost_s``); the
-  decode-step model is that of a replica holding an even share of the batch.
+* admission asks the replica a generation would go to (``can_run``, ``run_cost_s``), and the
+  latency-guided test weighs that replica's batch only (:meth:`SimulatedReplicas.cohort`);
+  the pool's decode-step model is that of a replica holding an even share of the batch.
 
 With one replica the pool is that replica, iteration for iteration.
 """
@@ -251,3 +252,8 @@ class SimulatedReplicas(Engine):
 
     def cost_model(self) -> CostModel | None:
         return self.replicas[0].cost_model()
+
+    def cohort(self, request_id: str) -> Engine | None:
+        """The replica the generation runs or would run on: its iterations are the ones a
+        latency test must protect, not the other replicas'."""
+        return self.replica_of(request_id)
