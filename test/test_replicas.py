@@ -150,3 +150,24 @@ def test_the_latency_test_weighs_the_candidates_replica_only() -> None:
     assert 0 < len(local.running) < len(pool.running)
     assert local.max_batch == pool.replicas[0].max_num_seqs
     assert EngineView(SimulatedEngine()).cohort('anything') is None    # one engine: no cohort
+
+
+def test_a_goal_whose_utility_ends_soon_goes_where_its_segment_is_done_first() -> None:
+    """A normal goal goes where there is most room; an urgent one (zero utility within
+    ``soon_s``) where it would join an iteration soonest and finish its segment first."""
+    from timelyllm_ros.engines.base import EngineRequest
+
+    pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()])
+
+    def request(name: str, prompt_tokens: int = 64, zero: float | None = None) -> str:
+        pool.register(EngineRequest(request_id=name, prompt='p', prompt_tokens=prompt_tokens,
+                                    max_tokens=8, script=(' a',) * 8, zero_utility_s=zero))
+        return name
+
+    pool.run(request('long', prompt_tokens=2800))     # replica 0: a long prefill
+    pool.run(request('short'))                        # replica 1: more room
+    assert (pool.placement('long'), pool.placement('short')) == (0, 1)
+    pool.step()                 # replica 1's short iteration ends first; replica 0 still busy
+    assert 0 in pool._ends and 1 not in pool._ends
+    assert pool.placement(request('normal', zero=1.5)) == 0     # equal room: the lower index
+    assert pool.placement(request('urgent', zero=0.5)) == 1     # joins now, done first

@@ -7,6 +7,7 @@ kind is prompted and constrained is decided here, not in the scheduling loop.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from timelyllm_ros.core.request import TaskSpec
@@ -22,7 +23,7 @@ models otherwise repeat one statement up to the token limit (measured with
 
 def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_tokens: int,
                  task_tokens: int = 0, script: tuple[str, ...] | None = None,
-                 grammar: bool = False) -> EngineRequest:
+                 grammar: bool = False, zero_utility_s: float | None = None) -> EngineRequest:
     """The engine request of one task for a robot kind: its prompt (plain and as chat turns),
     token limit, the cacheable prefix of the kind, the decoding's repetition penalty, and with
     ``grammar`` the profile's plan grammar, ended early rather than cut inside a statement at
@@ -36,13 +37,16 @@ def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_to
         grammar=compiled.gbnf if compiled is not None else None,
         end_within=2 * profile.max_segment_tokens if compiled is not None else 0,
         messages=profile.build_messages(task), repetition_penalty=REPETITION_PENALTY,
+        zero_utility_s=zero_utility_s,
     )
 
 
 def task_request(profile: RobotProfile, spec: TaskSpec, *, grammar: bool) -> EngineRequest:
     """The engine request of a submitted task (see :func:`plan_request`)."""
+    zero = spec.tuf.zero_s
     return plan_request(profile, spec.task_id, spec.task, prompt_tokens=spec.prompt_tokens,
-                        task_tokens=spec.task_tokens, script=spec.script, grammar=grammar)
+                        task_tokens=spec.task_tokens, script=spec.script, grammar=grammar,
+                        zero_utility_s=zero if math.isfinite(zero) else None)
 
 
 class ProfileCache:

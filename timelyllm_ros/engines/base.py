@@ -43,6 +43,9 @@ class EngineRequest:
     messages: tuple[tuple[str, str], ...] | None = None   # the prompt as (role, content) chat
                                                # turns, for engines that apply the model's
                                                # chat template (else ``prompt`` is used)
+    zero_utility_s: float | None = None        # how long after its arrival the goal's first
+                                               # segment stops earning utility (its TUF's
+                                               # zero-utility time; None: never)
 
 
 KvLocation = Literal['device', 'host', 'none']   # where a real engine holds a context's KV
