@@ -171,3 +171,19 @@ def test_a_goal_whose_utility_ends_soon_goes_where_its_segment_is_done_first() -
     assert 0 in pool._ends and 1 not in pool._ends
     assert pool.placement(request('normal', zero=1.5)) == 0     # equal room: the lower index
     assert pool.placement(request('urgent', zero=0.5)) == 1     # joins now, done first
+
+
+def test_a_generation_that_never_ran_is_handled_like_one_engine_handles_it() -> None:
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.errors import EngineError
+
+    pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()])
+    alone = SimulatedEngine()
+    for engine in (pool, alone):
+        engine.register(EngineRequest(request_id='q', prompt='p', prompt_tokens=64,
+                                      max_tokens=8, script=(' a',) * 8))
+        engine.pause('q')                   # queued, never run: nothing to keep, no error
+        engine.evict('q', 'none')
+        engine.release('q')
+        with pytest.raises(EngineError, match='unknown request'):
+            engine.pause('q')

@@ -110,12 +110,10 @@ class SimulatedReplicas(Engine):
         return request
 
     def _homed(self, request_id: str) -> Engine:
-        """The replica of a generation that has run; registering placed it nowhere yet."""
+        """The replica of a generation: its home once it has run, else the one it is placed
+        on now (where a single engine would hold it registered)."""
         home = self._home.get(request_id)
-        if home is None:
-            self._known(request_id)
-            raise EngineError(f'request {request_id!r} has not run on any replica yet')
-        return self.replicas[home]
+        return self.replicas[home] if home is not None else self._placed(request_id)
 
     def _placed(self, request_id: str) -> Engine:
         """The replica of the generation's placement, with the request registered there. A
