@@ -9,7 +9,8 @@ A fleet that outgrows one GPU is served by several replicas of the engine. The p
   served its prompt prefix (its robot kind's: cached there), then the fewest running, then the
   lowest index (:meth:`SimulatedReplicas.placement`); load comes first because a cold prefix
   costs one prompt prefill per replica and robot kind, once. A goal whose utility ends soon
-  (``soon_s``) goes first to a replica with room whose next iteration starts soonest;
+  (``soon_s``) goes first to a replica with room where its first segment would be done
+  soonest (its next iteration's start, then ``segment_tokens`` decode steps at its batch);
 * replicas iterate side by side, each at its own pace: an iteration is timed when it starts
   (:meth:`~timelyllm_ros.engines.sim.SimulatedEngine.next_iteration`) and run when it ends,
   with the replica's state then; a step hands out the replica (or replicas) whose iteration
@@ -53,10 +54,12 @@ class SimulatedReplicas(Engine):
         """Args:
             replicas: the engines, of the same settings.
             soon_s: a request whose zero-utility time is at most this goes to the replica
-                whose next iteration starts soonest; the others to the most room. 1 s sends
-                urgent goals (0.5 s) by start and normal ones (1.5 s) by room: by start alone
-                two replicas saved 144-206 urgent goals (seeds 0-2) against 95-116 by room,
-                but their throughput fell to 1.9x one replica's and to 6.0x at eight.
+                where its first segment would be done soonest; the others to the most room.
+                1 s sends urgent goals (0.5 s) that way and normal ones (1.5 s) by room. On
+                benchmarks/overload.py (1000 robots per replica, seeds 0-1) the floored urgent
+                utility was 0.331 / 0.208 / 0.363 at 2 / 4 / 8 replicas against 0.173 / 0.219 /
+                0.553 by room alone (seeds 0-2, 0-2, 0), throughput 2.0x / 4.1x / 8.4x one
+                replica's either way.
             segment_tokens: tokens of a first segment, for when it would be done on a
                 replica (the drones' l_max, the paper's 10).
         """
@@ -70,17 +73,16 @@ class SimulatedReplicas(Engine):
                                                           # iteration under way
         self.lookahead_tokens = max(r.lookahead_tokens for r in self.replicas)
         self._requests: dict[str, EngineRequest] = {}
-        self._home: dict[str, int] = {}            # request id -> its replica, for life
         self._registered: dict[str, int] = {}      # request id -> the replica that knows it
+        self._ran: set[str] = set()                # ... and holds its KV: its home for life
         self._prefixes: list[set[str]] = [set() for _ in self.replicas]   # prefix ids served
 
     # -- placement --------------------------------------------------------------------------
     def placement(self, request_id: str) -> int:
         """The replica a generation runs on: its home once it has one, else where it would go
         now (the module docstring's rule; asking changes nothing)."""
-        home = self._home.get(request_id)
-        if home is not None:
-            return home
+        if request_id in self._ran:
+            return self._registered[request_id]
         request = self._known(request_id)
         prefix = request.prefix_id
         soon = request.zero_utility_s is not None and request.zero_utility_s <= self.soon_s
@@ -109,16 +111,10 @@ class SimulatedReplicas(Engine):
             raise EngineError(f'unknown request {request_id!r}')
         return request
 
-    def _homed(self, request_id: str) -> Engine:
-        """The replica of a generation: its home once it has run, else the one it is placed
-        on now (where a single engine would hold it registered)."""
-        home = self._home.get(request_id)
-        return self.replicas[home] if home is not None else self._placed(request_id)
-
     def _placed(self, request_id: str) -> Engine:
-        """The replica of the generation's placement, with the request registered there. A
-        generation that has not run yet follows its placement: asked about before, it may
-        have been registered on another replica, which never held its KV."""
+        """The replica of the generation's placement, with the request registered there: its
+        home once it has run. One that has not run yet follows its placement (asked about
+        before, it may have been registered on another replica, which never held its KV)."""
         index = self.placement(request_id)
         current = self._registered.get(request_id)
         if current != index:
@@ -145,30 +141,28 @@ class SimulatedReplicas(Engine):
         return self._placed(request_id).run_cost_s(request_id)
 
     def run(self, request_id: str) -> None:
-        replica = self._placed(request_id)
-        replica.run(request_id)
-        index = self._registered[request_id]
-        self._home[request_id] = index
+        self._placed(request_id).run(request_id)
+        self._ran.add(request_id)
         prefix = self._requests[request_id].prefix_id
         if prefix is not None:
-            self._prefixes[index].add(prefix)
+            self._prefixes[self._registered[request_id]].add(prefix)
 
     def pause(self, request_id: str) -> None:
-        self._homed(request_id).pause(request_id)
+        self._placed(request_id).pause(request_id)
 
     def release(self, request_id: str) -> None:
         self._known(request_id)
         index = self._registered.pop(request_id, None)
         if index is not None:
             self.replicas[index].release(request_id)
-        self._home.pop(request_id, None)
+        self._ran.discard(request_id)
         self._requests.pop(request_id, None)
 
     def evict(self, request_id: str, to: EvictTo) -> None:
-        self._homed(request_id).evict(request_id, to)
+        self._placed(request_id).evict(request_id, to)
 
     def compress_kv(self, request_id: str, evict_ratio: float) -> None:
-        self._homed(request_id).compress_kv(request_id, evict_ratio)
+        self._placed(request_id).compress_kv(request_id, evict_ratio)
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
         for index, replica in enumerate(self.replicas):
@@ -260,7 +254,7 @@ class SimulatedReplicas(Engine):
         return self.replicas[0].count_tokens(text)
 
     def token_ids(self, request_id: str) -> tuple[int, ...]:
-        return self._homed(request_id).token_ids(request_id)
+        return self._placed(request_id).token_ids(request_id)
 
     def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
         return self.replicas[0].scripted_plan(robot_kind, task, task_class)

@@ -326,8 +326,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         plan = self.next_iteration(only)
         generations = self._generations
         for r, chunk in plan.prefills:
-            if generations[r].swap_in_tokens:
-                generations[r].swap_in_tokens = 0
+            generations[r].swap_in_tokens = 0
             if chunk:
                 self._prefilled(r, chunk)
         if plan.members is not None:

@@ -8,6 +8,10 @@ simulator's twin of each task replays what the real engine produced, iteration b
 a prompt of the real engine's token count. Per policy the result holds the per-task response,
 waiting and completion times of both runs, their median absolute relative error, and each run's
 bench summary; and whether the policies rank the same (by mean utility) on both.
+
+The two halves are apart: :func:`record` runs the real engine and keeps its runs as a
+:class:`~timelyllm_ros.evaluation.recording.Recording`, :func:`compare` replays a recording on
+the simulator, now or later and anywhere (``validate-sim --record`` / ``--real``).
 """
 
 from __future__ import annotations
