@@ -3,13 +3,14 @@ on the simulated engine; the CPU engine's runs are in test_engine_llamacpp.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from timelyllm_ros.cli import main
 from timelyllm_ros.engines import create_engine
-from timelyllm_ros.engines.base import EngineRequest, StepResult
+from timelyllm_ros.engines.base import EngineBehaviour, EngineRequest, StepResult
 from timelyllm_ros.engines.calibration import CALIBRATION_DIR, load_calibration
 from timelyllm_ros.engines.faults import FaultInjectingEngine
 from timelyllm_ros.evaluation.calibrate import (
@@ -274,22 +275,42 @@ class _LateOutputs(FaultInjectingEngine):
                 produced.pop(request_id, None)
 
 
-def test_calibration_and_seg_overhead_read_a_join_whose_output_comes_a_step_late() -> None:
+class _LaunchAhead(_LateOutputs):
+    """vLLM's asynchronous scheduling as the H200 showed it (vLLM 0.26.0): a step spends the
+    time of the iteration it launches (the wait lands where the work is) and hands out the
+    outputs of the one before; a join's first step reports nothing."""
+
+    def step(self, only=None) -> StepResult:
+        duration = self.inner.next_iteration(only).duration_s if self.inner.running else 0.0
+        late = super().step(only)
+        return dataclasses.replace(late, duration_s=duration)
+
+    def behaviour(self) -> EngineBehaviour:
+        return self.inner.behaviour().model_copy(update={'outputs_one_iteration_late': True})
+
+
+@pytest.mark.parametrize('wrapper', [_LateOutputs, _LaunchAhead])
+def test_calibration_and_seg_overhead_read_a_join_whose_output_comes_a_step_late(
+        wrapper) -> None:
     """Issue 26: on the H100 (vLLM 0.26, asynchronous scheduling) the cached-prefix prefill was
     'not measured', seg-overhead's prefix reuse null, the prefill curve twice a decode at 16
     tokens and a batch-change cost appeared: every one read the step right after a join, or
-    took the prefill for the first decode. On an engine whose steps come a step late, the
+    took the prefill for the first decode. On the H200 the prefill curve came out flat at a
+    decode's time (6 ms for 1 026 tokens): the step that ran the prefill reported nothing
+    and was left out. Whether a step's time comes with its outputs or with its work, the
     calibration is now the same as on the engine itself."""
-    late_engine = _LateOutputs(create_engine('sim'))
-    output = first_output(late_engine, _join(late_engine))
+    late_engine = wrapper(create_engine('sim'))
+    output = first_output(late_engine, _join(late_engine, max_tokens=1))
     assert output.steps == 2 and output.prefill_tokens > 0
+    plain_engine = create_engine('sim')
+    assert output.ms == pytest.approx(first_output(plain_engine, _join(plain_engine)).ms)
     for name in ('llama3-8b-fp16_rtx4090', 'smollm2-135m-fp32_cpu-transformers'):
         def engine(name=name):  # type: ignore[no-untyped-def]
             return create_engine('sim', calibration=name)
         kwargs = {'lengths': (16, 256, 1024), 'batch_sizes': (1, 2, 4), 'steps': 4,
                   'repeats': 1}
         plain = measure(engine(), 'm', 'sim', **kwargs)
-        late = measure(_LateOutputs(engine()), 'm', 'sim', **kwargs)
+        late = measure(wrapper(engine()), 'm', 'sim', **kwargs)
         assert late.prefill_ms == plain.prefill_ms
         assert late.decode_ms == plain.decode_ms
         assert late.engine.batch_change_ms_per_token == pytest.approx(
@@ -297,13 +318,13 @@ def test_calibration_and_seg_overhead_read_a_join_whose_output_comes_a_step_late
         assert late.prefill_ms_per_context_token == pytest.approx(
             plain.prefill_ms_per_context_token, rel=1e-3, abs=1e-9)
     assert load_calibration('smollm2-135m-fp32_cpu-transformers').engine.batch_change_ms_per_token
-    reuse = segmentation_overhead(_LateOutputs(create_engine('sim')), [1])['1']['prefix_reuse']
+    reuse = segmentation_overhead(wrapper(create_engine('sim')), [1])['1']['prefix_reuse']
     assert reuse == segmentation_overhead(create_engine('sim'), [1])['1']['prefix_reuse']
     assert reuse is not None and reuse > 0
 
 
-def _join(engine) -> str:
+def _join(engine, max_tokens: int = 4) -> str:
     engine.register(EngineRequest(request_id='j', prompt='a b c', prompt_tokens=64,
-                                  max_tokens=4, script=(' a',) * 4))
+                                  max_tokens=max_tokens, script=(' a',) * 4))
     engine.run('j')
     return 'j'

@@ -552,3 +552,40 @@ def test_a_prefill_over_a_cached_prefix_pays_for_attending_to_it():
     warm = engine.step()                 # 20 new tokens after 100 cached ones
     assert warm.prefill_tokens == 20
     assert warm.duration_s == pytest.approx(20 * CAL_TINY_PREFILL_S + 20 * 100 * 1e-6)
+
+
+def test_outputs_one_iteration_late_hand_each_iteration_out_at_the_next_step():
+    """vLLM on CUDA with this project's logits processor (issue 26, H200): a step runs its
+    iteration to its end and hands out the outputs of the one before."""
+    engine = _engine(outputs_one_iteration_late=True)
+    engine.register(_request('a', prompt_tokens=100))
+    engine.run('a')
+    launched = engine.step()                      # the prefill ran; nothing handed out yet
+    assert launched.text == {} and launched.duration_s == pytest.approx(0.010)
+    first = engine.step()                         # the first decode ran; the prefill's token
+    assert first.text == {'a': 'mf'} and first.prefill_tokens == 100
+    assert first.duration_s == pytest.approx(0.020)
+    pieces = [engine.step().text['a'] for _ in range(2)]
+    assert pieces == ['(', '50']
+    ended = engine.step()                         # ran the EOS iteration, hands out ')'
+    assert ended.text == {'a': ')'} and ended.finished == {}
+    assert engine.running == ()
+    flush = engine.step()                         # vLLM decodes once more before it sees EOS
+    assert flush.finished == {'a': 'eos'} and flush.duration_s == pytest.approx(0.020)
+    assert engine.step().duration_s == 0.0
+
+
+def test_a_cut_under_late_outputs_throws_the_token_past_it_away():
+    """The scheduler cuts on what it was handed; the token the engine computed past it is
+    not kept: the resumed generation goes on from the cut, its text as if never cut."""
+    engine = _engine(outputs_one_iteration_late=True)
+    engine.register(_request('a', prompt_tokens=100))
+    engine.run('a')
+    engine.step()
+    assert engine.step().text == {'a': 'mf'}      # 'a' computed '(' in that step too
+    engine.pause('a')
+    blocks_paused = engine.kv.tokens('a')
+    assert blocks_paused == 101                   # prompt + 'mf': '(' taken back
+    engine.run('a')
+    text = ''.join(engine.step().text.get('a', '') for _ in range(6))
+    assert text == '(50)' and engine.running == ()

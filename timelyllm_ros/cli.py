@@ -10,6 +10,7 @@ the output folders of ``bench`` and ``reproduce`` are created.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -442,10 +443,14 @@ def cmd_validate_sim(args: argparse.Namespace) -> int:
                    f'{against}')
     else:
         name, tasks_list = _load_tasks(args)
+        # A calibration given here is the real engine's own (e.g. measured by `calibrate`
+        # on the same machine just before): it replaces the short one measured otherwise.
+        measured = load_calibration(args.calibration) if args.calibration else None
+        real_engine = dataclasses.replace(_engine_options(args), calibration=None)
         result, recording = validate(
-            tasks_list, resolve_policy_names(args.policies), _engine_options(args),
+            tasks_list, resolve_policy_names(args.policies), real_engine,
             config=_config(args), seed=args.seed, robot_jitter=args.robot_jitter or 0.0,
-            workload=name, progress=progress)
+            calibration=measured, workload=name, progress=progress)
         if args.record:
             write_recording(recording, args.record)
             progress(f'recording written to {args.record}')
@@ -737,7 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
     recorded.add_argument('--real', metavar='FILE|NAME',
                           help='compare the simulator with a recording instead of running an '
                                'engine (a shipped one by name, e.g. cpu-smollm2-wid1); '
-                               '--calibration then replaces the recorded one')
+                               '--calibration then replaces the recorded one; without '
+                               "--real, --calibration is the real engine's (measured by "
+                               '`calibrate`), used instead of a short one measured first')
     validate.set_defaults(func=cmd_validate_sim)
 
     repro = sub.add_parser('reproduce',

@@ -207,6 +207,12 @@ class EngineBehaviour(BaseModel):
                                         # members changed since the last decode, per KV token
                                         # of its batch (the transformers engine restacks them
                                         # into one padded cache)
+    outputs_one_iteration_late: bool = False  # a step runs an iteration to its end and hands
+                                        # out the one before it (vLLM's asynchronous scheduling
+                                        # with a logits processor that waits for the iteration
+                                        # it launches): every output reaches the scheduler an
+                                        # iteration after it was computed, and a generation
+                                        # cut there has computed one token more, thrown away
 
 
 class Engine(ABC):

@@ -17,10 +17,15 @@ vocabulary: the id of a token is its position in the output.
 With prefix caching on (as in the authors' vLLM setup), the prompt prefix that is fixed per
 robot kind (skills, guidance, examples) is prefilled once and then shared: later requests of
 that kind prefill only their task line, and the prefix's KV blocks are counted once.
+
+Where the calibration says so (``outputs_one_iteration_late``: vLLM's asynchronous scheduling
+with this project's logits processor), a step runs its iteration and hands out the outputs of
+the one before, as the real engine does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -148,6 +153,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self._pending_cached = 0   # prompt tokens of generations joined since the last step
                                    # that were not recomputed (kept, swapped in, cached prefix)
         self._decode_members: frozenset[str] = frozenset()   # who the last decode ran
+        self._held: StepResult | None = None   # outputs not handed out yet (outputs one
+                                               # iteration late)
 
     # -- Engine interface ------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -275,11 +282,13 @@ class SimulatedEngine(BatchingEngine[_Generation]):
     def pause(self, request_id: str) -> None:
         self._attended_total = None
         self._get(request_id)
+        self._take_back(request_id)
         self._running.pop(request_id, None)
         self.kv.pause(request_id)
 
     def release(self, request_id: str) -> None:
         self._attended_total = None
+        self._take_back(request_id)
         self._running.pop(request_id, None)
         self._generations.pop(request_id, None)
         self.kv.remove(request_id)
@@ -305,6 +314,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
     def evict(self, request_id: str, to: EvictTo) -> None:
         self._attended_total = None
         self._get(request_id)
+        self._take_back(request_id)
         self._running.pop(request_id, None)
         if to == 'host' and self.kv.swap_out(request_id):
             return
@@ -321,7 +331,10 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
             raise EngineError(f'simulated engine failure at iteration {self.steps}')
+        late = self.calibration.engine.outputs_one_iteration_late
         if not self._running:
+            if late and self._held is not None:
+                return self._hand_out(self._flush_s())
             return StepResult(duration_s=0.0)
         plan = self.next_iteration(only)
         generations = self._generations
@@ -365,12 +378,46 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         if self.realtime:
             time.sleep(duration)
         cached, self._pending_cached = self._pending_cached, 0
-        return StepResult(
+        result = StepResult(
             duration_s=duration, text=text, token_ids=token_ids, finished=finished,
             preempted=tuple(preempted),
             prefill_tokens=plan.new_tokens, prefix_cached_tokens=cached,
             batch_size=plan.batch_size,
         )
+        if not late:
+            return result
+        handed = self._hand_out(duration)
+        self._held = result
+        return handed
+
+    def _hand_out(self, duration_s: float) -> StepResult:
+        """The outputs held from the iteration before, with the time of the step now."""
+        held, self._held = self._held, None
+        if held is None:
+            return StepResult(duration_s=duration_s)
+        return dataclasses.replace(held, duration_s=duration_s)
+
+    def _flush_s(self) -> float:
+        """A step that only hands the held outputs out: vLLM schedules a generation that
+        ended on EOS once more before it sees the EOS, so that costs a decode of them."""
+        assert self._held is not None
+        ended = sum(reason == 'eos' for reason in self._held.finished.values())
+        return self.decode_step_s(ended) if ended else 0.0
+
+    def _take_back(self, request_id: str) -> None:
+        """A generation cut, evicted or released before its held output was handed out:
+        the token computed past what the scheduler saw is thrown away (vLLM drops the late
+        output of an aborted request)."""
+        held = self._held
+        if held is None:
+            return
+        tokens = len(held.token_ids.pop(request_id, ()))
+        held.text.pop(request_id, None)
+        held.finished.pop(request_id, None)
+        generation = self._generations.get(request_id)
+        if tokens and generation is not None:
+            generation.emitted -= tokens
+            self.kv.shrink(request_id, tokens)
 
     def next_iteration(self, only: Collection[str] | None = None) -> IterationPlan:
         """What the next :meth:`step` would run and how long it would take, from the engine's

