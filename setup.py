@@ -20,7 +20,7 @@ setup(
     packages=find_packages(exclude=['test', 'test.*', 'benchmarks']),
     package_data={
         'timelyllm_ros': ['data/calibration/*.yaml', 'data/traces/*.yaml', 'data/authors/*',
-                          'data/recordings/*.json',
+                          'data/recordings/*.json', 'data/recordings/*.json.gz',
                           'py.typed'],
     },
     data_files=[

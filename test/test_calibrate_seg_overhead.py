@@ -328,3 +328,23 @@ def _join(engine, max_tokens: int = 4) -> str:
                                   max_tokens=max_tokens, script=(' a',) * 4))
     engine.run('j')
     return 'j'
+
+
+def test_the_prefill_curve_is_measured_on_both_sides_of_the_engines_cost_edges() -> None:
+    """Issue 26, H200: vLLM runs iterations of up to 64 tokens as CUDA graphs (a 17-token
+    prefill 7 ms, a 65-token one 22 ms); with points at 17 and 65 only, a 44-token prefill
+    read 16 ms. An engine's cost edges add a point just below and just above each."""
+    from timelyllm_ros.engines.sim import SimulatedEngine
+    from timelyllm_ros.evaluation.calibrate import prefill_lengths
+
+    class Edged(SimulatedEngine):
+        @property
+        def cost_edges(self) -> tuple[int, ...]:
+            return (64,)
+
+    assert prefill_lengths((16, 64, 128), ()) == [16, 64, 128]
+    assert prefill_lengths((16, 64, 128), (64,)) == [16, 56, 64, 68, 128]
+    calibration = measure(Edged(), 'm', 'sim', lengths=(16, 128), batch_sizes=(1,), steps=2,
+                          repeats=1)
+    assert calibration.prefill_ms.tokens == [16, 56, 68, 128]
+    assert create_engine('sim').cost_edges == ()

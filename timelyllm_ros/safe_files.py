@@ -31,9 +31,11 @@ The numbers inside a file are checked by its loader's pydantic model (finite, in
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,14 +136,19 @@ VALUE_TEXT = Limits(max_bytes=4096, max_depth=8, max_nodes=1_000, max_aliases=0)
 
 # -- reading ---------------------------------------------------------------------------------
 def read_bytes(path: str | Path, error: ErrorType, limits: Limits = YAML_FILE) -> bytes:
-    """At most ``limits.max_bytes`` of a file.
+    """At most ``limits.max_bytes`` of a file; of a ``.gz`` file, of its decompressed bytes
+    (so a small file that inflates past the bound is refused before it has).
 
     Raises:
         OSError: the file cannot be opened or read (the caller names what it was reading).
-        InputError: (as ``error``) the file is larger than the bound.
+        InputError: (as ``error``) the file is larger than the bound, or a broken gzip file.
     """
-    with Path(path).open('rb') as stream:
-        raw = stream.read(limits.max_bytes + 1)
+    try:
+        with (gzip.open(path, 'rb') if Path(path).suffix == '.gz'
+              else Path(path).open('rb')) as stream:
+            raw = stream.read(limits.max_bytes + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as err:
+        raise error(str(path), f'not a readable gzip file ({err})', 'encoding') from None
     if len(raw) > limits.max_bytes:
         raise error(str(path), f'larger than {limits.max_bytes} bytes', 'size')
     return raw

@@ -174,6 +174,7 @@ class CostModel(Protocol):
 
 
 ResumeModel = Literal['kept_kv', 'new_request_prefix_cache']
+PromptCache = Literal['prefix', 'blocks']
 
 
 class EngineBehaviour(BaseModel):
@@ -200,6 +201,11 @@ class EngineBehaviour(BaseModel):
     max_joins_per_iteration: int | None = Field(default=None, gt=0)  # requests starting per
                                                              # iteration; None: all admitted
     resume: ResumeModel = 'kept_kv'
+    prompt_cache: PromptCache = 'prefix'  # what prefix caching shares between prompts: the
+                                        # prefix fixed per robot kind (llama.cpp's kept
+                                        # prefixes), or every full KV block computed before
+                                        # (vLLM: a goal repeating an earlier prompt prefills
+                                        # only what follows its last full block)
     resume_overhead_ms: float = Field(default=0.0, ge=0)  # host cost of re-admitting one
                                         # resumed generation as a new request (re-tokenizing,
                                         # hashing its blocks, scheduling), in its iteration
@@ -307,6 +313,13 @@ class Engine(ABC):
     def kv_block_size(self) -> int:
         """Tokens per KV block: the granularity of memory and of prefix-cache hits."""
         return 16
+
+    @property
+    def cost_edges(self) -> tuple[int, ...]:
+        """Tokens per iteration past which the engine's cost jumps (vLLM on CUDA: the largest
+        iteration it runs as a captured CUDA graph; above it the iteration runs eagerly), so
+        that a calibration measures both sides; none by default."""
+        return ()
 
     def reset_prefix_cache(self) -> None:
         """Forget the prompt prefixes kept for later requests, so that the next request

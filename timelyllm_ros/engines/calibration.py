@@ -104,8 +104,14 @@ class Calibration(BaseModel):
         keeps at least one token to compute); 0 for ``kept_kv``."""
         if self.engine.resume == 'kept_kv' or context_tokens <= 0:
             return 0
+        return context_tokens - self.cached_block_tokens(context_tokens)
+
+    def cached_block_tokens(self, context_tokens: int) -> int:
+        """Tokens of a context that a block-level prefix cache can return: its full KV
+        blocks, less one token when it ends on a block boundary (the engine computes at least
+        one token, for its logits)."""
         block = self.block_size
-        return context_tokens - block * ((context_tokens - 1) // block)
+        return block * ((context_tokens - 1) // block) if context_tokens > 0 else 0
 
     def prefill_s(self, tokens: int) -> float:
         """One prefill iteration over ``tokens`` new tokens (piecewise linear, extrapolated)."""

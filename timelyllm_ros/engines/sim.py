@@ -16,7 +16,10 @@ vocabulary: the id of a token is its position in the output.
 
 With prefix caching on (as in the authors' vLLM setup), the prompt prefix that is fixed per
 robot kind (skills, guidance, examples) is prefilled once and then shared: later requests of
-that kind prefill only their task line, and the prefix's KV blocks are counted once.
+that kind prefill only their task line, and the prefix's KV blocks are counted once. Where the
+calibration's engine caches every full block (``prompt_cache: blocks``, vLLM), a goal whose
+prompt was prefilled before prefills only what follows its last full block (its KV is still
+counted as its own: memory is accounted as without it).
 
 Where the calibration says so (``outputs_one_iteration_late``: vLLM's asynchronous scheduling
 with this project's logits processor), a step runs its iteration and hands out the outputs of
@@ -142,6 +145,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self.realtime = realtime
         self._scripts = scripts
         self._cached_prefixes: set[str] = set()
+        self._cached_prompts: set[str] = set()     # prompts whose KV blocks are cached
+                                                   # (prompt_cache 'blocks')
         self.prefix_hits = 0
         self.prefix_misses = 0
         self.steps = 0
@@ -176,6 +181,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
     def reset_prefix_cache(self) -> None:
         self._attended_total = None
         self._cached_prefixes.clear()
+        self._cached_prompts.clear()
 
     def cost_model(self) -> CostModel:
         return self.calibration
@@ -235,7 +241,12 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         if dropped:
             request = generation.request
             hit = request.prefix_id in self._cached_prefixes
-            return self._prefill_tokens(request_id), self._shared_tokens(request) if hit else 0
+            new = self._prefill_tokens(request_id)
+            context = self._shared_tokens(request) if hit else 0
+            if request.prompt in self._cached_prompts:    # the block cache holds its prompt
+                cached = max(context, self.calibration.cached_block_tokens(request.prompt_tokens))
+                new, context = new + context - cached, cached
+            return new, context
         if not generation.started:
             return 0, 0
         context = self._attended_tokens(request_id)
@@ -260,7 +271,9 @@ class SimulatedEngine(BatchingEngine[_Generation]):
                 self.prefix_hits += hit
                 self.prefix_misses += not hit
                 self._cached_prefixes.add(request.prefix_id)  # type: ignore[arg-type]
-                self._pending_cached += shared if hit else 0
+            self._pending_cached += generation.prefill_context
+            if self.prefix_caching and self.calibration.engine.prompt_cache == 'blocks':
+                self._cached_prompts.add(request.prompt)
         else:
             if before == 'host':
                 generation.swap_in_tokens = tokens

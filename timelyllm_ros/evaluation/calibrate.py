@@ -279,6 +279,15 @@ def measure_swap(engine: Engine, context_words: int = 256) -> None:
         engine.release(request_id)
 
 
+def prefill_lengths(lengths: Sequence[int], edges: Sequence[int]) -> list[int]:
+    """The prompt lengths (words) of the prefill curve: those asked for and, at each of the
+    engine's cost edges (tokens), one a little below and one a little above it (a prompt of
+    N words is N+1 to N+3 tokens), so that the curve steps where the engine does instead of
+    spreading the step over the points around it."""
+    around = {n for edge in edges for n in (edge - 8, edge + 4) if n > 0}
+    return sorted(set(lengths) | around)
+
+
 def measure(engine: Engine, model: str, engine_name: str, *,
             lengths: Sequence[int] = PREFILL_TOKENS, batch_sizes: Sequence[int] = BATCH_SIZES,
             context_words: int = 256, long_context_words: int = 1024, steps: int = 8,
@@ -304,7 +313,7 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     say('warm-up')
     engine.warmup()
     say('prefill')
-    prefill = measure_prefill(engine, lengths, repeats)
+    prefill = measure_prefill(engine, prefill_lengths(lengths, engine.cost_edges), repeats)
     decode: list[tuple[int, float]] = []
     changes: list[float] = []
     reference = 0
@@ -393,7 +402,7 @@ def measure(engine: Engine, model: str, engine_name: str, *,
                 'batch sizes'),
             'engine.resume': declared, 'engine.prefill_token_budget': declared,
             'engine.max_joins_per_iteration': declared,
-            'engine.outputs_one_iteration_late': declared,
+            'engine.outputs_one_iteration_late': declared, 'engine.prompt_cache': declared,
             'block_size': declared, 'max_num_seqs': declared,
         },
     }

@@ -18,6 +18,7 @@ simulator's fidelity to that hardware is checked offline, in CI included
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 from collections.abc import Sequence
@@ -145,12 +146,19 @@ def scheduler_fields(config: SchedulerConfig) -> dict[str, Any]:
 
 
 def write_recording(recording: Recording, path: str | Path) -> Path:
-    """Write a recording as JSON (one line per task would not be smaller; indented)."""
+    """Write a recording as JSON (indented), gzip-compressed where the name ends in ``.gz``
+    (a GPU run of hundreds of tasks is a few MB of text, a tenth of that compressed)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(recording.model_dump(mode='json'), indent=1) + '\n',
-                   encoding='utf-8')
+    data = (json.dumps(recording.model_dump(mode='json'), indent=1) + '\n').encode('utf-8')
+    out.write_bytes(gzip.compress(data, mtime=0) if out.suffix == '.gz' else data)
     return out
+
+
+def shipped_recordings() -> dict[str, Path]:
+    """The recordings shipped with the package, by name (``.json`` or ``.json.gz``)."""
+    return {path.name.removesuffix('.gz').removesuffix('.json'): path
+            for pattern in ('*.json', '*.json.gz') for path in RECORDING_DIR.glob(pattern)}
 
 
 def load_recording(name_or_path: str | Path) -> Recording:
@@ -161,9 +169,11 @@ def load_recording(name_or_path: str | Path) -> Recording:
             names the file and the fields).
     """
     candidate = Path(name_or_path)
-    path = candidate if candidate.suffix == '.json' else RECORDING_DIR / f'{candidate}.json'
+    shipped = shipped_recordings()
+    path = (candidate if candidate.suffix in ('.json', '.gz')
+            else shipped.get(str(name_or_path), RECORDING_DIR / f'{candidate}.json'))
     if not path.is_file():
-        known = ', '.join(sorted(p.stem for p in RECORDING_DIR.glob('*.json')))
+        known = ', '.join(sorted(shipped))
         raise WorkloadInputError(str(path), f'no such recording (shipped: {known})')
     try:
         data = load_json(path, WorkloadInputError, DATA_FILE)
