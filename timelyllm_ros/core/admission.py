@@ -238,6 +238,8 @@ class BatchColumns:
     def __init__(self) -> None:
         self.generations: list[Generation] = []
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
+        self.most_urgent = -1     # row of the smallest budget (the first of equals), kept as
+                                  # rows are appended: no scan of the batch per test
 
     @property
     def remaining(self) -> Column:
@@ -267,9 +269,22 @@ class BatchColumns:
             grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
             grown[:, :start] = self._rows[:, :start]
             self._rows = grown
-        self._rows[:, start:end] = [
-            [max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added],
-            [budget_s(g, ctx) for g in added], [g.spec.tuf.alpha for g in added]]
+        rows = self._rows
+        if len(added) == 1:                         # a round's admission: no list building
+            g = added[0]
+            budget = budget_s(g, ctx)
+            rows[0, start] = max(ctx.max_segment_tokens(g) - g.segment_tokens, 1)
+            rows[1, start] = budget
+            rows[2, start] = g.spec.tuf.alpha
+            if start == 0 or budget < rows[1, self.most_urgent]:
+                self.most_urgent = start
+        else:
+            rows[:, start:end] = [
+                [max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added],
+                [budget_s(g, ctx) for g in added], [g.spec.tuf.alpha for g in added]]
+            first = start + int(np.argmin(rows[1, start:end]))
+            if start == 0 or rows[1, first] < rows[1, self.most_urgent]:
+                self.most_urgent = first
         self.generations.extend(added)
         return self
 
@@ -352,7 +367,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     if not ctx.running:
         return True
     batch = _batch(ctx)
-    first = int(np.argmin(batch.budget))        # the first of equals, as min() would
+    first = batch.most_urgent                   # the first of equals, as min() would
     most_urgent, budget = batch.generations[first], float(batch.budget[first])
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
