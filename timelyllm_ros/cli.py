@@ -315,6 +315,9 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
         def progress(outcome: PlanOutcome) -> None:
             if not args.quiet:
                 verdict = 'ok' if outcome.executed_ok else outcome.problem
+                if outcome.verdict:
+                    verdict = ', '.join(v for v in (verdict, outcome.verdict,
+                                                    outcome.verdict_reason) if v)
                 print(f'task {outcome.task} ({outcome.robot}, {outcome.tokens} tokens): '
                       f'{outcome.text.strip()!r} -> {verdict}', file=sys.stderr, flush=True)
 
@@ -329,7 +332,7 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
         return 0
-    formats = ('{:d}', '{:d}', '{:d}', '{:d}', '{:.1f}', '{:.2f}')
+    formats = ('{:d}', '{:d}', '{:d}', '{:d}', '{:d}', '{:d}', '{:d}', '{:.1f}', '{:.2f}')
     groups = {robot: [o for o in outcomes if o.robot == robot] for robot in summary['by_robot']}
     groups['overall'] = outcomes
     rows = [[name, *(format_value(q[k], f) for k, f in zip(QUALITY_KEYS, formats, strict=True)),
@@ -698,8 +701,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help='trace ids, e.g. 1,2,12 (default: all)')
     quality.add_argument('--json', action='store_true',
                          help='print {"overall": Q, "by_robot": {KIND: Q}} with Q = {plans, '
-                              'parsed, within_limits, executed_ok, tokens_mean, '
-                              'decode_ms_per_token}')
+                              'parsed, within_limits, executed_ok, useful, partly, useless, '
+                              'tokens_mean, decode_ms_per_token}')
     quality.add_argument('--plans', type=output_file, default=None, metavar='FILE',
                          help='also write every plan and its verdict to this JSON file')
     quality.add_argument('--quiet', action='store_true', help='no line per plan on stderr')

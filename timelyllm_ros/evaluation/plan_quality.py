@@ -16,6 +16,11 @@ robot kind:
 * ``executed_ok`` -- the whole plan runs to its end on the robot's loopback emulator through
   the real client (djitellopy for the Tello, IndyDCP3 for the Indy7) with the skill executor the
   controllers use; the chatbot's answer is executed by being read, so it counts when parsed;
+* ``useful`` / ``partly`` / ``useless`` -- robot plans judged against their task and its
+  reference plan in a world that is not cooperative (:mod:`~timelyllm_ros.evaluation.plan_judge`:
+  objects only where the scene or task puts them, an arm that holds one thing, coverage of the
+  reference's skills and objects); a plan that did not run is useless; chat answers are not
+  judged;
 * ``tokens_mean`` -- output tokens per plan;
 * ``decode_ms_per_token`` -- decode iteration time per generated token (prefill excluded).
 
@@ -43,13 +48,14 @@ from timelyllm_ros.core.plan_requests import plan_request
 from timelyllm_ros.core.request import Segment
 from timelyllm_ros.engines.base import Engine
 from timelyllm_ros.errors import RobotError, describe_error
+from timelyllm_ros.evaluation.plan_judge import VERDICTS, judge_plan
 from timelyllm_ros.language.plan import SkillCall, Statement
 from timelyllm_ros.language.profiles import RobotProfile, load_profile
 from timelyllm_ros.language.segmenter import FinishReason, segment_text
 from timelyllm_ros.language.traces import Trace, load_trace_set
 from timelyllm_ros.language.validation import statement_problem
 
-QUALITY_KEYS = ('plans', 'parsed', 'within_limits', 'executed_ok', 'tokens_mean',
+QUALITY_KEYS = ('plans', 'parsed', 'within_limits', 'executed_ok', *VERDICTS, 'tokens_mean',
                 'decode_ms_per_token')
 
 
@@ -69,6 +75,8 @@ class PlanOutcome:
     within_limits: bool
     executed_ok: bool
     problem: str                # why it did not parse, pass or run ('' when it did)
+    verdict: str = ''           # useful, partly or useless ('' for a chat answer)
+    verdict_reason: str = ''    # why it is not useful
 
 
 def cooperative_perception(call: SkillCall) -> object:
@@ -167,6 +175,19 @@ def judge(profile: RobotProfile, text: str, finish: str) -> tuple[bool, bool, bo
     return True, True, not failure, failure
 
 
+def judge_usefulness(profile: RobotProfile, trace: Trace, text: str, executed_ok: bool,
+                     problem: str) -> tuple[str, str]:
+    """(verdict, reason) of a robot plan (:func:`~timelyllm_ros.evaluation.plan_judge.judge_plan`);
+    a plan that did not run is useless for that reason; ('', '') for a chat answer."""
+    if profile.segmentation != 'skills':
+        return '', ''
+    if not executed_ok:
+        return 'useless', problem
+    statements = [s for cut in segment_text(profile, text, 'eos') for s in cut.statements]
+    judgement = judge_plan(profile, trace.task, trace.plan, statements)
+    return judgement.verdict, judgement.reason
+
+
 def run_plan_quality(engine: Engine, grammar: bool = True,
                      traces: Sequence[Trace] | None = None,
                      progress: Callable[[PlanOutcome], None] | None = None
@@ -180,8 +201,10 @@ def run_plan_quality(engine: Engine, grammar: bool = True,
             engine, profile, trace, f'quality-{trace.id}', grammar)
         grammar_s = engine.stats().grammar_s - grammar_before
         parsed, within, executed, problem = judge(profile, text, finish)
+        verdict, why = judge_usefulness(profile, trace, text, executed, problem)
         outcome = PlanOutcome(trace.id, trace.robot, text, finish, tokens, decode_s,
-                              decode_tokens, grammar_s, parsed, within, executed, problem)
+                              decode_tokens, grammar_s, parsed, within, executed, problem,
+                              verdict, why)
         outcomes.append(outcome)
         if progress is not None:
             progress(outcome)
@@ -195,6 +218,7 @@ def _quality(outcomes: Sequence[PlanOutcome]) -> dict[str, Any]:
         'parsed': sum(o.parsed for o in outcomes),
         'within_limits': sum(o.within_limits for o in outcomes),
         'executed_ok': sum(o.executed_ok for o in outcomes),
+        **{verdict: sum(o.verdict == verdict for o in outcomes) for verdict in VERDICTS},
         'tokens_mean': (sum(o.tokens for o in outcomes) / len(outcomes)
                         if outcomes else math.nan),
         'decode_ms_per_token': (1000.0 * sum(o.decode_s for o in outcomes) / decode_tokens

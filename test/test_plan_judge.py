@@ -1,0 +1,93 @@
+"""The plan judge (issue 27): useful / partly / useless against the task and its reference,
+in a world that is not cooperative. The plans quoted are ones the shipped models wrote."""
+
+from __future__ import annotations
+
+import pytest
+
+from timelyllm_ros.evaluation.plan_judge import (
+    arm_problem,
+    grounded,
+    judge_plan,
+    plan_calls,
+    scene_objects,
+)
+from timelyllm_ros.evaluation.plan_quality import PlanOutcome, judge_usefulness, summarize
+from timelyllm_ros.language.profiles import load_profile
+from timelyllm_ros.language.segmenter import segment_text
+from timelyllm_ros.language.traces import load_trace_set
+
+TRACES = load_trace_set()
+TELLO, INDY7 = load_profile('tello'), load_profile('indy7')
+
+
+def _judge(profile, trace_id: int, plan: str):  # type: ignore[no-untyped-def]
+    trace = TRACES.get(trace_id)
+    statements = [s for cut in segment_text(profile, plan, 'eos') for s in cut.statements]
+    return judge_plan(profile, trace.task, trace.plan, statements)
+
+
+@pytest.mark.parametrize('trace', [t for t in TRACES.traces if t.robot in ('tello', 'indy7')],
+                         ids=lambda t: str(t.id))
+def test_every_reference_plan_is_useful_for_its_own_task(trace) -> None:
+    profile = load_profile(trace.robot)
+    assert _judge(profile, trace.id, trace.plan).verdict == 'useful'
+
+
+@pytest.mark.parametrize(('profile', 'trace', 'plan', 'verdict', 'why'), [
+    # the stock opening of the prompt's last example, for "find the cat, go to it"
+    (TELLO, 1, 'to();mf(100);tc(90);ld()', 'useless', 'nothing of the reference'),
+    (TELLO, 1, "s('cat');g('cat')", 'useful', ''),
+    (TELLO, 1, "s('dog');g('dog')", 'useless', "'dog'"),             # another task's object
+    # "a person is walking toward you": forward is toward it
+    (TELLO, 6, 'to();mf(100);tc(256);ld()', 'useless', 'first movement move_forward'),
+    (TELLO, 6, 'mr(60);mf(100)', 'useful', ''),
+    (TELLO, 3, "mu(40);?iv('book')==True{l('found')}", 'partly', 'take_picture'),
+    (TELLO, 3, "mu(40);s('book');tp()", 'useful', ''),               # looks another way
+    (TELLO, 8, 'mf(100)', 'partly', 'delay'),                        # did not wait first
+    (INDY7, 10, "pick('eraser');pick('sink');pick('toppenbook')", 'useless', "'sink'"),
+    (INDY7, 10, "move_to('tray, width:0.1, height:0.4,-90,0,-90,0-')", 'useless', 'tray'),
+    (INDY7, 10, "pick('pencil')", 'useless', 'not at'),
+    (INDY7, 10, "move_to('pencil');pick('pencil');move_to('pen_holder');"
+                "place('pencil','pen_holder')", 'partly', 'objects'),
+    (INDY7, 9, "move_to('red_box');pick('red_box');move_to('green_box');pick('green_box')",
+     'useless', 'already holding'),
+])
+def test_plans_the_models_wrote_are_judged_with_a_reason(profile, trace, plan, verdict,
+                                                         why) -> None:
+    judgement = _judge(profile, trace, plan)
+    assert judgement.verdict == verdict, judgement
+    assert why in judgement.reason
+
+
+def test_scene_objects_and_grounding_read_the_task_line() -> None:
+    assert scene_objects(TRACES.get(3).task) == ['cabinet_1']
+    assert scene_objects(TRACES.get(11).task) == ['apple']        # "[apple:0.48 y:..."
+    assert scene_objects('Scene: [] Task: [A] Find the cat.') == []
+    assert scene_objects('Land now.') == []
+    known = {'pen', 'holder', 'pencil', 'cat'}
+    assert grounded('pen_holder', known) and grounded('near_pencil', known)
+    assert grounded('cats', known)                                  # a plural of a known one
+    assert not grounded('sink', known) and not grounded('near', known)
+
+
+def test_the_arm_holds_one_thing_and_picks_where_it_went() -> None:
+    def calls(plan: str):  # type: ignore[no-untyped-def]
+        return plan_calls(INDY7, plan)
+    assert arm_problem(calls("move_to('a');pick('a');move_to('b');place('a','b')")) == ''
+    assert 'holds nothing' in arm_problem(calls("move_to('b');place('a','b')"))
+    assert "while holding 'a'" in arm_problem(
+        calls("move_to('a');pick('a');place('c','b')"))
+    assert arm_problem(calls("move_to('a');pick('a');release();move_to('c');pick('c')")) == ''
+
+
+def test_a_plan_that_did_not_run_is_useless_and_a_chat_answer_is_not_judged() -> None:
+    trace = TRACES.get(3)
+    assert judge_usefulness(TELLO, trace, 'ld();mf(50)', False, 'flies after landing') == (
+        'useless', 'flies after landing')
+    assert judge_usefulness(load_profile('chatbot'), TRACES.get(12), 'Hello!', True, '') == (
+        '', '')
+    verdicts = [PlanOutcome(1, 'tello', 'x', 'eos', 1, 0.1, 1, 0.0, True, True, True, '', v)
+                for v in ('useful', 'partly', 'useless', 'useless', '')]
+    overall = summarize(verdicts)['overall']
+    assert (overall['useful'], overall['partly'], overall['useless']) == (1, 1, 2)

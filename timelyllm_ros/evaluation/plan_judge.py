@@ -1,0 +1,185 @@
+"""Whether a valid plan does what its task asks: ``useful``, ``partly`` or ``useless``.
+
+A plan that parses and runs on a cooperative emulator can still be worthless: it may name
+objects the scene does not hold, pick three things at once, or fly a drone's stock opening
+whatever was asked. This judge reads a plan against its task and the task's reference plan
+(the trace's answer) in a world that is not cooperative:
+
+* **grounded** -- every object a plan names (a skill argument called ``object`` or ``where``)
+  is one the task's scene line or its text mentions, or its reference plan uses; an object
+  that is not there cannot be seen, reached or picked;
+* **the arm's world** -- an arm holds one thing at a time: ``pick`` needs an empty gripper and
+  the arm at that object (``move_to`` it first); ``place`` what it holds;
+* **coverage of the reference** -- the share of the reference's skills the plan uses, and of
+  its objects the plan names; and its first movement: where the reference opens with a move
+  (an evasion, "move up and then ...") another first move makes the plan useless, elsewhere
+  only partly useful.
+
+``useful``: grounded, possible, every object of the reference named, every one of its acting
+skills used (looking may differ: ``s`` for ``iv``) and its first movement the reference's.
+``partly``: grounded and possible, and something of the reference in it (a skill beyond the
+drone's take-off and landing, or an object). ``useless``: anything else, with the first
+reason found. The judge is a rule, stated here and tested: it does not know what the task
+means beyond those names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from timelyllm_ros.language.plan import SkillCall, Statement
+from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.segmenter import segment_text
+
+Verdict = Literal['useful', 'partly', 'useless']
+VERDICTS: tuple[Verdict, ...] = ('useful', 'partly', 'useless')
+
+OBJECT_ARGS = ('object', 'where')
+"""Skill arguments that name a thing in the world (the profiles' naming)."""
+
+ROUTINE_SKILLS = frozenset({'takeoff', 'land', 'log', 're_plan'})
+"""Skills that say nothing about the task: a drone's opening and closing, a log line."""
+
+PERCEPTION = frozenset({'scan', 'scan_abstract', 'is_visible', 'object_x', 'object_y',
+                        'object_width', 'object_height', 'object_distance', 'probe', 'detect',
+                        'check'})
+"""Skills that look rather than act: a plan may look another way than the reference."""
+
+MOVEMENTS = frozenset({'move_forward', 'move_backward', 'move_left', 'move_right', 'move_up',
+                       'move_down', 'turn_cw', 'turn_ccw', 'goto', 'move_to'})
+
+_WORD = re.compile(r'[a-z]+')
+_SCENE = re.compile(r'Scene:\s*(.*?)\s*,?\s*Task:', re.S)
+_PLACES = frozenset({'near', 'on', 'in', 'into', 'onto', 'the', 'top', 'of', 'under', 'next',
+                     'to', 'a', 'an', 'side', 'at', 'behind', 'front', 'above', 'below'})
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A plan's verdict and why."""
+
+    verdict: Verdict
+    reason: str
+    skill_coverage: float      # share of the reference's skills the plan uses
+    object_coverage: float     # share of the reference's objects the plan names
+
+
+def calls_of(statements: Iterable[Statement]) -> list[SkillCall]:
+    """Every skill call of a plan, nested ones included, in order."""
+    return [call for statement in statements for call in statement.calls]
+
+
+def plan_calls(profile: RobotProfile, plan: str) -> list[SkillCall]:
+    """The skill calls of a plan text (the reference's, for instance), as the segmenter
+    reads it with the robot's profile."""
+    return calls_of(s for cut in segment_text(profile, plan, 'eos') for s in cut.statements)
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower().replace('_', ' ')))
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if word.endswith('s') and len(word) > 3 else word
+
+
+def object_names(calls: Sequence[SkillCall]) -> list[str]:
+    """The objects the calls name, in order."""
+    return [str(call.args[name]) for call in calls for name in OBJECT_ARGS if name in call.args]
+
+
+def scene_objects(task: str) -> list[str]:
+    """The object names of a task's scene line (``Scene: [cabinet_1 x:0.48 …], [...]``)."""
+    match = _SCENE.search(task)
+    if not match:
+        return []
+    names = []
+    for entry in re.findall(r'\[([^\]]*)\]', match.group(1)):
+        head = entry.strip().split(' ')[0].split(':')[0]
+        if head:
+            names.append(head)
+    return names
+
+
+def _name(name: str) -> frozenset[str]:
+    """An object name's words, singular, less place words (``near_pencil`` is ``pencil``)."""
+    return frozenset(_singular(w) for w in _words(name) - _PLACES)
+
+
+def grounded(name: str, known: set[str]) -> bool:
+    """Whether an object name refers to something the task knows: each of its words (less
+    place words such as ``near``, digits and punctuation) is one the task mentions."""
+    words = _words(name) - _PLACES
+    return bool(words) and all(w in known or _singular(w) in known for w in words)
+
+
+def arm_problem(calls: Sequence[SkillCall]) -> str:
+    """Why an arm could not do these calls in order ('' if it could): one thing held at a
+    time, picked where the arm went, placed while held."""
+    holding: str | None = None
+    at: str | None = None
+    for call in calls:
+        target = str(call.args.get('object', ''))
+        if call.skill == 'move_to':
+            at = target
+        elif call.skill == 'pick':
+            if holding is not None:
+                return f'{call.text}: already holding {holding!r}'
+            if at != target:
+                return f'{call.text}: the arm is not at {target!r} (no move_to it before)'
+            holding = target
+        elif call.skill == 'place':
+            if holding != target:
+                return (f'{call.text}: places {target!r} while holding '
+                        f'{holding!r}' if holding else f'{call.text}: holds nothing')
+            holding = None
+        elif call.skill == 'release':
+            holding = None
+    return ''
+
+
+def judge_plan(profile: RobotProfile, task: str, reference: str,
+               statements: Sequence[Statement]) -> Judgement:
+    """The verdict on a plan (its parsed statements) for a task with its reference plan."""
+    calls = calls_of(statements)
+    ref_calls = plan_calls(profile, reference)
+    ref_objects = object_names(ref_calls)
+    known = {_singular(w) for w in _words(task)} | {
+        _singular(w) for name in scene_objects(task) + ref_objects for w in _words(name)}
+    ref_skills = {c.skill for c in ref_calls} - ROUTINE_SKILLS
+    skills = {c.skill for c in calls}
+    ref_names = {_name(n) for n in ref_objects} - {frozenset()}
+    names = {_name(n) for n in object_names(calls)}
+    skill_coverage = len(ref_skills & skills) / len(ref_skills) if ref_skills else 1.0
+    object_coverage = len(ref_names & names) / len(ref_names) if ref_names else 1.0
+
+    def verdict(label: Verdict, reason: str) -> Judgement:
+        return Judgement(label, reason, round(skill_coverage, 3), round(object_coverage, 3))
+
+    if not calls:
+        return verdict('useless', 'no skill call')
+    for name in object_names(calls):
+        if not grounded(name, known):
+            return verdict('useless', f'names {name!r}, which the scene and task do not hold')
+    if profile.kind == 'arm':
+        problem = arm_problem(calls)
+        if problem:
+            return verdict('useless', problem)
+    if not (ref_skills & skills) and not (ref_names & names):
+        return verdict('useless', "nothing of the reference's skills or objects")
+    first_ref = next((c.skill for c in ref_calls if c.skill in MOVEMENTS), None)
+    first = next((c.skill for c in calls if c.skill in MOVEMENTS), None)
+    if first_ref is not None and first != first_ref:
+        why = f'first movement {first or "none"}, the reference\'s {first_ref}'
+        # a reference that opens with a movement is a task whose first act is that move (an
+        # evasion, "move up and then ..."): going another way defeats it
+        return verdict('useless' if ref_calls[0].skill in MOVEMENTS else 'partly', why)
+    if object_coverage < 1.0:
+        return verdict('partly', f"names {object_coverage:.0%} of the reference's objects")
+    missing = sorted(ref_skills - PERCEPTION - skills)
+    if missing:
+        return verdict('partly', f"lacks the reference's skills {', '.join(missing)}")
+    return verdict('useful', '')
