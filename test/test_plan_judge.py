@@ -91,3 +91,23 @@ def test_a_plan_that_did_not_run_is_useless_and_a_chat_answer_is_not_judged() ->
                 for v in ('useful', 'partly', 'useless', 'useless', '')]
     overall = summarize(verdicts)['overall']
     assert (overall['useful'], overall['partly'], overall['useless']) == (1, 1, 2)
+
+
+def test_the_held_back_tasks_are_new_and_their_references_useful() -> None:
+    """Issue 27's held-back set: 12 Tello and 8 Indy7 tasks kept out of every prompt."""
+    from timelyllm_ros.language.traces import trace_set_path
+
+    held = load_trace_set(trace_set_path('heldback'))
+    robots = [t.robot for t in held.traces]
+    assert (robots.count('tello'), robots.count('indy7')) == (12, 8)
+    assert not set(held.by_id) & set(TRACES.by_id)
+    prompts = ' '.join(str(load_profile(kind).model_dump()) for kind in ('tello', 'indy7'))
+    for trace in held.traces:
+        task_line = trace.task.split('Task:')[1].split(']', 1)[1].strip()
+        assert task_line not in prompts
+        profile = load_profile(trace.robot)
+        statements = [s for cut in segment_text(profile, trace.plan, 'eos')
+                      for s in cut.statements]
+        assert judge_plan(profile, trace.task, trace.plan, statements).verdict == 'useful'
+    assert trace_set_path('heldback').is_file()
+    assert str(trace_set_path('my/set.yaml')) == 'my/set.yaml'

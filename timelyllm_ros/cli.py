@@ -298,13 +298,13 @@ def cmd_plan_quality(args: argparse.Namespace) -> int:
         summarize,
     )
     from timelyllm_ros.evaluation.tables import format_value, text_table
-    from timelyllm_ros.language.traces import load_trace_set
+    from timelyllm_ros.language.traces import load_trace_set, trace_set_path
 
     if _replays_plans(args.engine):
         print('error: plan-quality needs a real engine (--engine cpu|transformers|vllm): the '
               'simulator replays the recorded plans', file=sys.stderr)
         return 2
-    traces = load_trace_set().traces
+    traces = load_trace_set(trace_set_path(args.trace_set)).traces
     if args.tasks:
         wanted = set(args.tasks)
         traces = [t for t in traces if t.id in wanted]
@@ -697,6 +697,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "robot's limits, executed on the emulators")
     _add_engine_args(quality, default_force=False)
     quality.add_argument('--calibration', default=None, help=argparse.SUPPRESS)
+    quality.add_argument('--trace-set', default='derived', metavar='NAME|FILE',
+                         help='tasks and reference plans: derived (the bundled traces, '
+                              'default), heldback (20 robot tasks kept out of every prompt) or '
+                              'a trace-set YAML')
     quality.add_argument('--tasks', type=TRACE_IDS, default=None,
                          help='trace ids, e.g. 1,2,12 (default: all)')
     quality.add_argument('--json', action='store_true',

@@ -79,6 +79,15 @@ class TraceSet(BaseModel):
 _CACHE: dict[str, TraceSet] = {}
 
 
+def trace_set_path(name_or_path: str | Path) -> Path:
+    """A bundled trace set by name (``derived``; ``heldback``: robot tasks kept out of every
+    prompt, for plan quality) or any trace-set YAML by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in ('.yaml', '.yml'):
+        return candidate
+    return DATA_DIR / 'traces' / f'{candidate}.yaml'
+
+
 def load_trace_set(path: str | Path = DERIVED_TRACES) -> TraceSet:
     """Load and check a trace set: every plan must segment into valid statements.
 
