@@ -169,3 +169,34 @@ def test_random_walks_through_the_grammar_give_valid_plans(byte_tokenizer, robot
         assert statements, text
         assert all(statement_problem(profile, s) is None for s in statements), text
     assert ended >= 50
+
+
+def test_a_grounded_grammar_names_only_the_tasks_objects(byte_tokenizer) -> None:
+    """Issue 27: the plans named the cat in the dog task, 'sink' in a desk task; a grammar
+    grounded in the goal draws every argument that names a thing from the task's scene and
+    text (a place also near_/on_ one) and leaves the others (questions, log lines) free."""
+    from timelyllm_ros.language.grounding import task_objects
+
+    tello, indy7 = load_profile('tello'), load_profile('indy7')
+    cat_task = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
+    gbnf = plan_grammar(tello, task_objects(cat_task)).gbnf
+    assert accepts(byte_tokenizer, gbnf, "s('cat');?iv('cat')==True{g('cat')}")
+    assert not accepts(byte_tokenizer, gbnf, "s('dog')")
+    assert not accepts(byte_tokenizer, gbnf, "g('keys')")
+    assert accepts(byte_tokenizer, gbnf, "l('found the keys');p('Is it a cat?')")
+    desk = ('Scene: [pencil x:0.48 y:0.55 width:0.1 height:0.2], Task: [A] Pick up the pencil '
+            'and drop it in the pen holder.')
+    gbnf = plan_grammar(indy7, task_objects(desk)).gbnf
+    assert accepts(byte_tokenizer, gbnf,
+                   "move_to('pencil');pick('pencil');move_to('pen_holder');"
+                   "place('pencil','near_pen_holder')")
+    assert not accepts(byte_tokenizer, gbnf, "pick('sink')")
+    assert not accepts(byte_tokenizer, gbnf, "move_to('tray, width:0.1')")
+    # nothing to name: the skills that name a thing cannot be written at all
+    gbnf = plan_grammar(tello, task_objects('Scene: [] Task: [A] Fly forward 2 m.')).gbnf
+    assert accepts(byte_tokenizer, gbnf, 'mf(200);ld()')
+    assert not accepts(byte_tokenizer, gbnf, "s('cat')")
+    # one grammar per object set, kept; the ungrounded one is still the profile's
+    assert plan_grammar(tello, ('cat',)) is plan_grammar(tello, ('cat',))
+    assert plan_grammar(tello, ('cat',)) is not plan_grammar(tello)
+    assert accepts(byte_tokenizer, plan_grammar(tello).gbnf, "s('dog')")

@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.evaluation.plan_judge import (
-    arm_problem,
-    grounded,
-    judge_plan,
-    plan_calls,
-    scene_objects,
-)
+from timelyllm_ros.evaluation.plan_judge import arm_problem, grounded, judge_plan, plan_calls
 from timelyllm_ros.evaluation.plan_quality import PlanOutcome, judge_usefulness, summarize
+from timelyllm_ros.language.grounding import scene_objects
 from timelyllm_ros.language.profiles import load_profile
 from timelyllm_ros.language.segmenter import segment_text
 from timelyllm_ros.language.traces import load_trace_set
@@ -111,3 +106,20 @@ def test_the_held_back_tasks_are_new_and_their_references_useful() -> None:
         assert judge_plan(profile, trace.task, trace.plan, statements).verdict == 'useful'
     assert trace_set_path('heldback').is_file()
     assert str(trace_set_path('my/set.yaml')) == 'my/set.yaml'
+
+
+def test_task_objects_are_the_scene_and_the_things_the_task_names() -> None:
+    from timelyllm_ros.language.grounding import task_objects
+
+    assert task_objects(TRACES.get(10).task)[:4] == ('pencil', 'pen', 'holder', 'pen_holder')
+    assert task_objects(TRACES.get(8).task) == ('boy',)       # not the history's mf(50)
+    assert task_objects('Scene: [] Task: [A] Turn left 90 degrees and fly forward 1.5 m.') == ()
+    # every reference plan names only objects its task's grounded grammar allows
+    for trace in TRACES.traces:
+        if trace.robot in ('tello', 'indy7'):
+            allowed = set(task_objects(trace.task))
+            named = {n.split('_', 1)[1] if n.startswith(('near_', 'on_')) else n
+                     for n in (str(c.args[a]) for c in plan_calls(load_profile(trace.robot),
+                                                                   trace.plan)
+                               for a in ('object', 'where') if a in c.args)}
+            assert named <= allowed, (trace.id, named - allowed)

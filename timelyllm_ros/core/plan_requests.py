@@ -13,6 +13,7 @@ from collections.abc import Callable
 from timelyllm_ros.core.request import TaskSpec
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.language.grammar import plan_grammar
+from timelyllm_ros.language.grounding import task_objects
 from timelyllm_ros.language.profiles import RobotProfile, load_profile
 
 REPETITION_PENALTY = 1.1
@@ -26,9 +27,9 @@ def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_to
                  grammar: bool = False, zero_utility_s: float | None = None) -> EngineRequest:
     """The engine request of one task for a robot kind: its prompt (plain and as chat turns),
     token limit, the cacheable prefix of the kind, the decoding's repetition penalty, and with
-    ``grammar`` the profile's plan grammar, ended early rather than cut inside a statement at
-    the token limit."""
-    compiled = plan_grammar(profile) if grammar else None
+    ``grammar`` the profile's plan grammar grounded in the task (objects named only from its
+    scene and text), ended early rather than cut inside a statement at the token limit."""
+    compiled = plan_grammar(profile, task_objects(task)) if grammar else None
     return EngineRequest(
         request_id=request_id, prompt=profile.build_prompt(task), prompt_tokens=prompt_tokens,
         max_tokens=profile.max_tokens, script=script,

@@ -30,15 +30,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from timelyllm_ros.language.grounding import OBJECT_ARGS, scene_objects
 from timelyllm_ros.language.plan import SkillCall, Statement
 from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.language.segmenter import segment_text
 
 Verdict = Literal['useful', 'partly', 'useless']
 VERDICTS: tuple[Verdict, ...] = ('useful', 'partly', 'useless')
-
-OBJECT_ARGS = ('object', 'where')
-"""Skill arguments that name a thing in the world (the profiles' naming)."""
 
 ROUTINE_SKILLS = frozenset({'takeoff', 'land', 'log', 're_plan'})
 """Skills that say nothing about the task: a drone's opening and closing, a log line."""
@@ -52,7 +50,6 @@ MOVEMENTS = frozenset({'move_forward', 'move_backward', 'move_left', 'move_right
                        'move_down', 'turn_cw', 'turn_ccw', 'goto', 'move_to'})
 
 _WORD = re.compile(r'[a-z]+')
-_SCENE = re.compile(r'Scene:\s*(.*?)\s*,?\s*Task:', re.S)
 _PLACES = frozenset({'near', 'on', 'in', 'into', 'onto', 'the', 'top', 'of', 'under', 'next',
                      'to', 'a', 'an', 'side', 'at', 'behind', 'front', 'above', 'below'})
 
@@ -89,19 +86,6 @@ def _singular(word: str) -> str:
 def object_names(calls: Sequence[SkillCall]) -> list[str]:
     """The objects the calls name, in order."""
     return [str(call.args[name]) for call in calls for name in OBJECT_ARGS if name in call.args]
-
-
-def scene_objects(task: str) -> list[str]:
-    """The object names of a task's scene line (``Scene: [cabinet_1 x:0.48 …], [...]``)."""
-    match = _SCENE.search(task)
-    if not match:
-        return []
-    names = []
-    for entry in re.findall(r'\[([^\]]*)\]', match.group(1)):
-        head = entry.strip().split(' ')[0].split(':')[0]
-        if head:
-            names.append(head)
-    return names
 
 
 def _name(name: str) -> frozenset[str]:

@@ -22,9 +22,11 @@ its own statement rule; there are O(depth * sqrt(max_loop_count)) of them.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES
 from timelyllm_ros.language.profiles import RobotProfile, SkillArg
 
 MAX_STRING_CHARS = 40
@@ -54,19 +56,36 @@ class PlanGrammar:
     gbnf: str
 
 
-def plan_grammar(profile: RobotProfile) -> PlanGrammar | None:
-    """The profile's plan grammar, compiled once per profile; ``None`` for free-text profiles."""
+def plan_grammar(profile: RobotProfile,
+                 objects: Sequence[str] | None = None) -> PlanGrammar | None:
+    """The profile's plan grammar; ``None`` for free-text profiles.
+
+    With ``objects`` (a task's, :func:`~timelyllm_ros.language.grounding.task_objects`) the
+    grammar is grounded in the goal: an argument that names a thing (``object``, ``where``)
+    is one of them (a ``where`` also ``near_`` or ``on_`` one), and a skill that needs such
+    an argument cannot be written when there is none. Compiled once per profile and object
+    set (the last :data:`GRAMMAR_CACHE_SIZE`: goals of one scene share theirs).
+    """
     if profile.segmentation != 'skills':
         return None
-    cached = _CACHE.get(id(profile))
+    key = (id(profile), None if objects is None else tuple(objects))
+    cached = _CACHE.get(key)
     if cached is not None and cached[0] is profile:
+        _CACHE.move_to_end(key)
         return cached[1]
-    grammar = PlanGrammar(profile=profile.name, gbnf=_GrammarWriter(profile).write())
-    _CACHE[id(profile)] = (profile, grammar)
+    grammar = PlanGrammar(profile=profile.name,
+                          gbnf=_GrammarWriter(profile, key[1]).write())
+    _CACHE[key] = (profile, grammar)
+    if len(_CACHE) > GRAMMAR_CACHE_SIZE:
+        _CACHE.popitem(last=False)
     return grammar
 
 
-_CACHE: dict[int, tuple[RobotProfile, PlanGrammar]] = {}
+GRAMMAR_CACHE_SIZE = 256
+"""Grammars kept (per profile and object set)."""
+
+_CACHE: OrderedDict[tuple[int, tuple[str, ...] | None],
+                    tuple[RobotProfile, PlanGrammar]] = OrderedDict()
 
 
 def _literal(text: str) -> str:
@@ -163,8 +182,9 @@ def float_range(low: float, high: float) -> str:
 class _GrammarWriter:
     """Writes the GBNF rules of one profile."""
 
-    def __init__(self, profile: RobotProfile) -> None:
+    def __init__(self, profile: RobotProfile, objects: tuple[str, ...] | None = None) -> None:
         self.profile = profile
+        self.objects = objects          # None: any string names a thing
         self.rules: dict[str, str] = {}
 
     def write(self) -> str:
@@ -194,7 +214,9 @@ class _GrammarWriter:
         options = [self._calls(query_only=False)]
         if depth + 1 <= self.profile.max_nesting_depth:
             body = self._body(depth + 1, budget)
-            options.append(f'"?" {self._calls(query_only=True)} comparison? {body}')
+            query = self._calls(query_only=True)
+            if self.rules[query]:      # a grounded grammar without objects may have none
+                options.append(f'"?" {query} comparison? {body}')
             counts: dict[int, list[int]] = {}
             for count in range(1, budget + 1):
                 counts.setdefault(budget // count, []).append(count)
@@ -216,7 +238,8 @@ class _GrammarWriter:
         name = 'query-call' if query_only else 'call'
         if name in self.rules:
             return name
-        skills = [s for s in self.profile.skills if s.query or not query_only]
+        skills = [s for s in self.profile.skills if (s.query or not query_only)
+                  and (self.objects or not self._names_things(s.args))]
         self.rules[name] = _alternatives(self._skill_call(s.short, s.args) for s in skills)
         return name
 
@@ -229,7 +252,20 @@ class _GrammarWriter:
         pieces.append('")"')
         return ' '.join(pieces)
 
+    def _names_things(self, args: list[SkillArg]) -> bool:
+        """Whether a grounded grammar must draw one of these arguments from the objects."""
+        return self.objects is not None and any(
+            a.type == 'str' and a.name in OBJECT_ARGS for a in args)
+
     def _argument(self, arg: SkillArg) -> str:
+        if arg.type == 'str' and self.objects is not None and arg.name in OBJECT_ARGS:
+            if 'object-name' not in self.rules:
+                names = _alternatives(_literal(name) for name in self.objects)
+                places = _alternatives(_literal(prefix) for prefix in PLACE_PREFIXES)
+                self.rules['object-name'] = names
+                self.rules['object'] = '"\'" object-name "\'"'
+                self.rules['place'] = f'"\'" ({places})? object-name "\'"'
+            return 'place' if arg.name == 'where' else 'object'
         if arg.type == 'str':
             return 'string'
         name = f'arg-{arg.type}-{_rule_word(arg.min)}-{_rule_word(arg.max)}'
