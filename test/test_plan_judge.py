@@ -74,6 +74,8 @@ def test_the_arm_holds_one_thing_and_picks_where_it_went() -> None:
     assert "while holding 'a'" in arm_problem(
         calls("move_to('a');pick('a');place('c','b')"))
     assert arm_problem(calls("move_to('a');pick('a');release();move_to('c');pick('c')")) == ''
+    assert 'not at' in arm_problem(calls("move_to('a');pick('a');place('a','tray')"))
+    assert arm_problem(calls("move_to('a');pick('a');move_to('b');place('a','near_b')")) == ''
 
 
 def test_a_plan_that_did_not_run_is_useless_and_a_chat_answer_is_not_judged() -> None:

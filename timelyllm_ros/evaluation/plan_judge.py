@@ -9,7 +9,7 @@ whatever was asked. This judge reads a plan against its task and the task's refe
   is one the task's scene line or its text mentions, or its reference plan uses; an object
   that is not there cannot be seen, reached or picked;
 * **the arm's world** -- an arm holds one thing at a time: ``pick`` needs an empty gripper and
-  the arm at that object (``move_to`` it first); ``place`` what it holds;
+  the arm at that object (``move_to`` it first); ``place`` what it holds, where the arm went;
 * **coverage of the reference** -- the share of the reference's skills the plan uses, and of
   its objects the plan names; and its first movement: where the reference opens with a move
   (an evasion, "move up and then ...") another first move makes the plan useless, elsewhere
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from timelyllm_ros.language.grounding import OBJECT_ARGS, scene_objects
+from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES, scene_objects
 from timelyllm_ros.language.plan import SkillCall, Statement
 from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.language.segmenter import segment_text
@@ -102,7 +102,8 @@ def grounded(name: str, known: set[str]) -> bool:
 
 def arm_problem(calls: Sequence[SkillCall]) -> str:
     """Why an arm could not do these calls in order ('' if it could): one thing held at a
-    time, picked where the arm went, placed while held."""
+    time, picked where the arm went, placed while held where the arm went (``near_x`` and
+    ``on_x`` are at ``x``)."""
     holding: str | None = None
     at: str | None = None
     for call in calls:
@@ -119,6 +120,10 @@ def arm_problem(calls: Sequence[SkillCall]) -> str:
             if holding != target:
                 return (f'{call.text}: places {target!r} while holding '
                         f'{holding!r}' if holding else f'{call.text}: holds nothing')
+            where = str(call.args.get('where', ''))
+            spot = next((where[len(p):] for p in PLACE_PREFIXES if where.startswith(p)), where)
+            if at != spot:
+                return f'{call.text}: the arm is not at {spot!r} (no move_to it before)'
             holding = None
         elif call.skill == 'release':
             holding = None
