@@ -573,6 +573,7 @@ def test_outputs_one_iteration_late_hand_each_iteration_out_at_the_next_step():
     flush = engine.step()                         # vLLM decodes once more before it sees EOS
     assert flush.finished == {'a': 'eos'} and flush.duration_s == pytest.approx(0.020)
     assert engine.step().duration_s == 0.0
+    assert engine.busy_s == pytest.approx(0.010 + 5 * 0.020)   # the flush's decode counted
 
 
 def test_a_cut_under_late_outputs_throws_the_token_past_it_away():

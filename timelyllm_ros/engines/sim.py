@@ -347,7 +347,9 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         late = self.calibration.engine.outputs_one_iteration_late
         if not self._running:
             if late and self._held is not None:
-                return self._hand_out(self._flush_s())
+                flush = self._flush_s()
+                self.busy_s += flush
+                return self._hand_out(flush)
             return StepResult(duration_s=0.0)
         plan = self.next_iteration(only)
         generations = self._generations
