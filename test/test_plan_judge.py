@@ -125,3 +125,15 @@ def test_task_objects_are_the_scene_and_the_things_the_task_names() -> None:
                                                                    trace.plan)
                                for a in ('object', 'where') if a in c.args)}
             assert named <= allowed, (trace.id, named - allowed)
+
+
+def test_a_measurement_the_task_asks_for_is_required() -> None:
+    """Held-back task 108 asks how far the remote is: a picture instead is not useful."""
+    from timelyllm_ros.language.traces import trace_set_path
+
+    trace = load_trace_set(trace_set_path('heldback')).get(108)
+    def judge(plan: str):  # type: ignore[no-untyped-def]
+        statements = [s for cut in segment_text(TELLO, plan, 'eos') for s in cut.statements]
+        return judge_plan(TELLO, trace.task, trace.plan, statements)
+    assert judge("tc(10);?iv('remote_control')==True{tp()}").verdict == 'partly'
+    assert judge("?iv('remote_control')==True{od('remote_control')}").verdict == 'useful'

@@ -41,10 +41,9 @@ VERDICTS: tuple[Verdict, ...] = ('useful', 'partly', 'useless')
 ROUTINE_SKILLS = frozenset({'takeoff', 'land', 'log', 're_plan'})
 """Skills that say nothing about the task: a drone's opening and closing, a log line."""
 
-PERCEPTION = frozenset({'scan', 'scan_abstract', 'is_visible', 'object_x', 'object_y',
-                        'object_width', 'object_height', 'object_distance', 'probe', 'detect',
-                        'check'})
-"""Skills that look rather than act: a plan may look another way than the reference."""
+PERCEPTION = frozenset({'scan', 'scan_abstract', 'is_visible', 'probe', 'detect', 'check'})
+"""Skills that look for something: a plan may look another way than the reference (``s`` for
+``iv``). Measuring (``od``, ``ox``, …) answers what a task asks and is required like acting."""
 
 MOVEMENTS = frozenset({'move_forward', 'move_backward', 'move_left', 'move_right', 'move_up',
                        'move_down', 'turn_cw', 'turn_ccw', 'goto', 'move_to'})
