@@ -365,6 +365,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     calibration = measure(engine, str(model), args.engine, lengths=lengths, batch_sizes=batches,
                           context_words=args.context, long_context_words=args.long_context,
+                          context_batch=args.context_batch,
                           steps=args.steps, repeats=args.repeats, progress=progress,
                           hardware=hardware,
                           command=command)
@@ -685,6 +686,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help='prompt tokens of each decode measurement (reference context)')
     calibrate.add_argument('--long-context', type=int_arg(1, MAX_TOKENS), default=1024,
                            help='longer prompt for the cost per context token')
+    calibrate.add_argument('--context-batch', type=int_arg(1, 4096), default=1, metavar='N',
+                           help='measure the cost per context token on N long prompts at once '
+                                '(one of --batch-sizes; on a GPU the largest: a batch-1 pair '
+                                'there reads a kernel change as a per-token cost)')
     calibrate.add_argument('--steps', type=int_arg(1, 10_000), default=8,
                            help='decode iterations per point')
     calibrate.add_argument('--repeats', type=int_arg(1, 1000), default=2,

@@ -290,7 +290,8 @@ def prefill_lengths(lengths: Sequence[int], edges: Sequence[int]) -> list[int]:
 
 def measure(engine: Engine, model: str, engine_name: str, *,
             lengths: Sequence[int] = PREFILL_TOKENS, batch_sizes: Sequence[int] = BATCH_SIZES,
-            context_words: int = 256, long_context_words: int = 1024, steps: int = 8,
+            context_words: int = 256, long_context_words: int = 1024, context_batch: int = 1,
+            steps: int = 8,
             repeats: int = 2, progress: Callable[[str], None] | None = None,
             hardware: str | None = None, command: str = '') -> Calibration:
     """Measure an engine and return its calibration.
@@ -303,6 +304,8 @@ def measure(engine: Engine, model: str, engine_name: str, *,
         batch_sizes: batch sizes of the decode curve (capped at the engine's max_num_seqs).
         context_words: prompt length of the decode measurements (the reference context).
         long_context_words: a longer prompt, for the cost per extra context token.
+        context_batch: measure that cost on a batch of this many long prompts (one of
+            ``batch_sizes``) instead of one: a GPU's per-token cost shows over a batch.
         steps: decode iterations measured per point.
         repeats: prefill measurements per length.
         progress: called with a short label before each measurement.
@@ -327,6 +330,19 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     say('decode long context')
     long_point = measure_decode(engine, 1, long_context_words, steps)
     long_ms, long_context = long_point.median_ms, long_point.context
+    # The cost per context token as the simulator applies it, over a batch's whole context,
+    # from a batch at the long context where asked (on an H200, vLLM 0.26.0, the batch-1 pair
+    # gave 1.8 ms for 865 tokens, ~80x what reading their KV takes, and a batch of 12
+    # sequences of ~900 tokens decoded in 6.6 ms where it predicted 8.3; on a CPU engine the
+    # batch-1 pair held, and a batch of long prompts takes minutes to prefill there).
+    widest = min(context_batch, max(b for b, _ in decode))
+    wide_point: DecodePoint | None = None
+    if widest > 1 and widest in dict(decode):
+        say(f'decode long context, batch {widest}')
+        try:
+            wide_point = measure_decode(engine, widest, long_context_words, steps)
+        except EngineError:
+            wide_point = None             # the long contexts do not fit together: batch 1
     # Charged only where every batch size shows it: a first decode slower by noise alone
     # does not repeat at each point.
     change = min(changes)
@@ -336,6 +352,14 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     measure_swap(engine, context_words)
     base_ms = dict(decode).get(1, decode[0][1])
     per_token = max(0.0, (long_ms - base_ms) / max(1, long_context - reference))
+    context_basis = f'a {long_context}-token context at batch 1'
+    if wide_point is not None and wide_point.context > reference:
+        extra = widest * (wide_point.context - reference)
+        per_token = max(0.0, (wide_point.median_ms - dict(decode)[widest]) / extra)
+        context_basis = (f'{widest} sequences of {wide_point.context} context tokens (batch 1 '
+                         f'at {long_context} gave '
+                         f'{max(0.0, (long_ms - base_ms) / max(1, long_context - reference)):.6f}'
+                         ' ms a token)')
     stats = engine.stats()
     kv_bytes = stats.kv_bytes_per_token
     kv_tokens = stats.kv_capacity_tokens
@@ -360,8 +384,8 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     source = (f'Measured by `timelyllm calibrate` on {date}: engine {engine_name}, model {model}, '
               f'on {hardware}. Prefill: one iteration of one prompt of N tokens (median of '
               f'{repeats}); decode: median of {steps} iterations per batch size, each sequence '
-              f'holding about {reference} context tokens; context cost from a '
-              f'{long_context}-token context at batch 1. kv_bytes_per_token and the KV '
+              f'holding about {reference} context tokens; context cost from '
+              f'{context_basis}. kv_bytes_per_token and the KV '
               f"capacity are the engine's; swap-in is the measured host restore speed when "
               f'the engine swapped during the run, else a 5 GB/s memcpy estimate.'
               + (f' Command: {command}' if command else ''))
