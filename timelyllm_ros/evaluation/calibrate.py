@@ -351,15 +351,13 @@ def measure(engine: Engine, model: str, engine_name: str, *,
     say('swap')
     measure_swap(engine, context_words)
     base_ms = dict(decode).get(1, decode[0][1])
-    per_token = max(0.0, (long_ms - base_ms) / max(1, long_context - reference))
+    per_token = single = max(0.0, (long_ms - base_ms) / max(1, long_context - reference))
     context_basis = f'a {long_context}-token context at batch 1'
     if wide_point is not None and wide_point.context > reference:
         extra = widest * (wide_point.context - reference)
         per_token = max(0.0, (wide_point.median_ms - dict(decode)[widest]) / extra)
         context_basis = (f'{widest} sequences of {wide_point.context} context tokens (batch 1 '
-                         f'at {long_context} gave '
-                         f'{max(0.0, (long_ms - base_ms) / max(1, long_context - reference)):.6f}'
-                         ' ms a token)')
+                         f'at {long_context} gave {single:.6f} ms a token)')
     stats = engine.stats()
     kv_bytes = stats.kv_bytes_per_token
     kv_tokens = stats.kv_capacity_tokens

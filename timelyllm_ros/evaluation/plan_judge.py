@@ -25,12 +25,11 @@ means beyond those names.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES, scene_objects
+from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES, scene_objects, words
 from timelyllm_ros.language.plan import SkillCall, Statement
 from timelyllm_ros.language.profiles import RobotProfile
 from timelyllm_ros.language.segmenter import segment_text
@@ -48,7 +47,6 @@ PERCEPTION = frozenset({'scan', 'scan_abstract', 'is_visible', 'probe', 'detect'
 MOVEMENTS = frozenset({'move_forward', 'move_backward', 'move_left', 'move_right', 'move_up',
                        'move_down', 'turn_cw', 'turn_ccw', 'goto', 'move_to'})
 
-_WORD = re.compile(r'[a-z]+')
 _PLACES = frozenset({'near', 'on', 'in', 'into', 'onto', 'the', 'top', 'of', 'under', 'next',
                      'to', 'a', 'an', 'side', 'at', 'behind', 'front', 'above', 'below'})
 
@@ -74,10 +72,6 @@ def plan_calls(profile: RobotProfile, plan: str) -> list[SkillCall]:
     return calls_of(s for cut in segment_text(profile, plan, 'eos') for s in cut.statements)
 
 
-def _words(text: str) -> set[str]:
-    return set(_WORD.findall(text.lower().replace('_', ' ')))
-
-
 def _singular(word: str) -> str:
     return word[:-1] if word.endswith('s') and len(word) > 3 else word
 
@@ -89,14 +83,14 @@ def object_names(calls: Sequence[SkillCall]) -> list[str]:
 
 def _name(name: str) -> frozenset[str]:
     """An object name's words, singular, less place words (``near_pencil`` is ``pencil``)."""
-    return frozenset(_singular(w) for w in _words(name) - _PLACES)
+    return frozenset(_singular(w) for w in words(name) - _PLACES)
 
 
 def grounded(name: str, known: set[str]) -> bool:
     """Whether an object name refers to something the task knows: each of its words (less
     place words such as ``near``, digits and punctuation) is one the task mentions."""
-    words = _words(name) - _PLACES
-    return bool(words) and all(w in known or _singular(w) in known for w in words)
+    named = words(name) - _PLACES
+    return bool(named) and all(w in known or _singular(w) in known for w in named)
 
 
 def arm_problem(calls: Sequence[SkillCall]) -> str:
@@ -135,8 +129,8 @@ def judge_plan(profile: RobotProfile, task: str, reference: str,
     calls = calls_of(statements)
     ref_calls = plan_calls(profile, reference)
     ref_objects = object_names(ref_calls)
-    known = {_singular(w) for w in _words(task)} | {
-        _singular(w) for name in scene_objects(task) + ref_objects for w in _words(name)}
+    known = {_singular(w) for w in words(task)} | {
+        _singular(w) for name in scene_objects(task) + ref_objects for w in words(name)}
     ref_skills = {c.skill for c in ref_calls} - ROUTINE_SKILLS
     skills = {c.skill for c in calls}
     ref_names = {_name(n) for n in ref_objects} - {frozenset()}

@@ -40,6 +40,11 @@ sides square open closed
 words of the tasks' fixed phrases (``You provided me with plan …``)."""
 
 
+def words(text: str) -> set[str]:
+    """The lower-case words of a text or of a plan's name (``pen_holder``: pen, holder)."""
+    return set(_WORD.findall(text.lower().replace('_', ' ')))
+
+
 def scene_objects(task: str) -> list[str]:
     """The object names of a task's scene line (``Scene: [cabinet_1 x:0.48 …], [...]``)."""
     match = _SCENE.search(task)
