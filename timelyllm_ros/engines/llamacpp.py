@@ -35,10 +35,11 @@ Content: greedy decoding (argmax) by default. What is and is not deterministic:
   token where two logits nearly tie: decoding beside other goals (the matrix kernels sum in
   another order), a prefix-cache hit or a recompute (tokens prefilled in another chunk; on
   Gemma 3 a recompute's tokens also depend on which cells of the shared buffer other
-  generations hold), a different thread count or CPU build. Measured on SmolLM2-135M, 8 Tello tasks against each
-  run alone on 1 thread: 2 of 8 plans differ in a batch of 8 (from token 10 and 12), 1 of 8 on
-  2 threads (token 12), 2 of 8 with flash attention off, 0 of 8 from a cached prefix; an
-  outside test found 5-8 of 16 in batches and 3 of 11 between 1 and 2 threads.
+  generations hold), a different thread count or CPU build. Measured on SmolLM2-135M, 8
+  Tello tasks against each run alone on 1 thread: 2 of 8 plans differ in a batch of 8 (from
+  token 10 and 12), 1 of 8 on 2 threads (token 12), 2 of 8 with flash attention off, 0 of 8
+  from a cached prefix; an outside test found 5-8 of 16 in batches and 3 of 11 between 1
+  and 2 threads.
 * Goals never see each other's tokens: each sequence attends only to its own KV cells (and
   the shared prefix of its kind), whatever the batch.
 
