@@ -56,7 +56,12 @@ setup(
         # machine install a CUDA torch first, then transformers, gguf and accelerate.
         'transformers': ['torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1',
                          'accelerate>=1.0,<2', 'llguidance>=1.0,<2'],
+        # The vllm-server engine: a pool of `vllm serve` endpoints (an async HTTP client, the
+        # servers' Prometheus metrics, the model's tokenizer; no torch needed).
+        'server': ['httpx>=0.27,<1', 'prometheus-client>=0.20,<1', 'transformers>=5.0,<6',
+                   'llguidance>=1.0,<2'],
         'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7',
+                 'httpx>=0.27,<1', 'prometheus-client>=0.20,<1',
                  'ruff>=0.6,<1', 'mypy>=1.13,<2', 'types-PyYAML>=6.0,<7',
                  'torch==2.13.0', 'transformers>=5.0,<6', 'gguf>=0.10,<1', 'accelerate>=1.0,<2',
                  'djitellopy>=2.5,<3', 'neuromeka>=3.5,<4', 'setuptools>=77.0.1,<80',

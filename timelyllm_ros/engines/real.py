@@ -74,6 +74,8 @@ class ForwardPass:
     text: dict[str, str] = field(default_factory=dict)
     token_ids: dict[str, tuple[int, ...]] = field(default_factory=dict)
     finished: dict[str, FinishReason] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)      # request id -> why it
+                                       # cannot go on (out of the running batch already)
 
 
 class RealEngine(BatchingEngine[G]):
@@ -246,6 +248,7 @@ class RealEngine(BatchingEngine[G]):
         cached, self._pending_cached = self._pending_cached, 0
         return StepResult(duration_s=duration, text=forward.text, token_ids=forward.token_ids,
                           finished=forward.finished, preempted=tuple(forward.preempted),
+                          failed=forward.failed,
                           prefill_tokens=forward.prefill_tokens, prefix_cached_tokens=cached,
                           batch_size=forward.batch_size)
 

@@ -46,6 +46,15 @@ from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError
 
 
+def replica_rank(index: int, *, free: int, cached: bool, running: int,
+                 done_s: float = 0.0) -> tuple[bool, float, int, bool, int, int]:
+    """Where a new generation goes, as a sort key (the least first): a replica with a free
+    batch slot, then the soonest its first segment would be done there (``done_s``; 0 where
+    not estimated), the most free slots, one that has served its prompt prefix, the fewest
+    running, the lowest index. The simulated pool and the pool of vLLM servers share it."""
+    return (free <= 0, done_s, -free, not cached, running, index)
+
+
 class SimulatedReplicas(Engine):
     """N simulated engines of the same settings, as one."""
 
@@ -97,7 +106,8 @@ class SimulatedReplicas(Engine):
                 start = sum(under_way) if under_way is not None else self._clock
                 done = start + self.segment_tokens * replica.decode_step_s(
                     len(replica.running) + 1)
-            return (free <= 0, done, -free, not cached, len(replica.running), index)
+            return replica_rank(index, free=free, cached=cached, running=len(replica.running),
+                                done_s=done)
 
         return min(range(len(self.replicas)), key=rank)
 
@@ -195,6 +205,7 @@ class SimulatedReplicas(Engine):
             merged.text.update(result.text)
             merged.token_ids.update(result.token_ids)
             merged.finished.update(result.finished)
+            merged.failed.update(result.failed)
         return merged
 
     @staticmethod

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import logging
 import os
 import time
@@ -94,14 +95,28 @@ def _forced_tokens_processor() -> type:
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
     class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]  # vLLM: Any
+        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+            super().__init__(vllm_config, device, is_pin_memory)
+            self._tokenizer_path = str(vllm_config.model_config.tokenizer)
+
         def is_argmax_invariant(self) -> bool:
             return False
 
         def new_req_logits_processor(self, params: Any) -> Any:
             extra = getattr(params, 'extra_args', None) or {}
             if extra.get(FORCED_KEY):
-                return _RowDecoder(forced=list(extra[FORCED_KEY]))
+                return _RowDecoder(forced=[int(t) for t in extra[FORCED_KEY]])
             decoding = extra.get(DECODING_KEY)
+            if isinstance(decoding, str):
+                # a request to `vllm serve` (vllm_xargs take text and numbers, not a dict):
+                # there is no engine of ours in this process, the server's tokenizer serves.
+                # A bad payload must not take the server's engine core down with it.
+                try:
+                    return _RowDecoder(decoding={**json.loads(decoding),
+                                                 'engine': served_decoder(self._tokenizer_path)})
+                except Exception:  # noqa: BLE001 - logged; the request decodes unconstrained
+                    logger.exception('timelyllm decoding arguments refused: %.200s', decoding)
+                    return None
             return _RowDecoder(decoding=decoding) if decoding else None
 
         def apply(self, logits: Any) -> Any:
@@ -145,6 +160,21 @@ def _forced_tokens_processor() -> type:
     ForcedTokensLogitsProcessor.__qualname__ = 'ForcedTokensLogitsProcessor'
     _FORCED_CLASS.append(ForcedTokensLogitsProcessor)
     return ForcedTokensLogitsProcessor
+
+
+def served_decoder(tokenizer_path: str) -> str:
+    """The :data:`_DECODERS` key of a ``vllm serve`` process's tokenizer (the model folder
+    it serves), loaded on the server's first plan request."""
+    key = f'served:{tokenizer_path}'
+    if key not in _DECODERS:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        eos = tokenizer.eos_token_id
+        eos_ids = [int(eos)] if eos is not None else []
+        _DECODERS[key] = (LlguidanceTokenizer.from_hf(tokenizer, eos_ids),
+                          eos_ids[0] if eos_ids else -1)
+    return key
 
 
 def _masked_argmaxes(logits: Any, refused: list[tuple[int, Any]]) -> dict[int, int]:

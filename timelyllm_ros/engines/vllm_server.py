@@ -1,0 +1,818 @@
+"""``vllm serve`` replicas behind the engine interface: the planner drives a pool of GPU
+servers instead of owning one GPU (issue 30).
+
+One streamed ``/v1/completions`` request per segment, as the in-process vLLM engine submits
+one vLLM request per segment. The prompt is always token ids: the request's prompt, rendered
+here with the model's tokenizer (a local copy of the servers' model folder), then the kept
+output ids. A step hands out at most one new token per generation (an iteration's worth), so
+the scheduler's segmenter sees the boundary token alone and pauses right after it; a pause
+closes the stream, vLLM aborts the request when its client goes, and tokens that had already
+arrived past the boundary are dropped (counted in ``trimmed_tokens``), never kept. A resume is
+a new request over the kept ids: the replica's prefix cache holds their KV blocks.
+
+Decoding is the in-process engine's, to the token: the servers load this package's logits
+processor (``--logits-processors`` :data:`SERVER_PROCESSOR`) and each request carries, in
+``vllm_xargs``, what the processor needs: the grammar (GBNF), the ids kept before the segment
+(the grammar state is rebuilt by replaying them, so a plan resumed inside an open ``{…}`` goes
+on inside it), the repetition penalty and the early end; or the ids to force
+(``force_script``). A server started without the processor is found at start-up (a probe
+request is not forced) and refused with the command that starts one. Built with
+``grammar=False`` (and no ``force_script``) the servers need nothing of this package: vLLM
+chooses the greedy token itself and plans are checked after generation.
+
+The pool. Each generation is placed on one replica when it first runs and stays there for
+its life (its KV is there); a new one goes where :func:`~timelyllm_ros.engines.replicas.
+replica_rank` puts it (room first, then a replica that already served its robot kind's prompt
+prefix, then the fewest running). Admission asks that replica: its batch below
+``max_num_seqs`` and the generation's KV blocks free in the replica's own KV usage (its
+``/metrics``, polled every ``metrics_s``, plus the blocks of those admitted since). A replica
+that fails (connection refused or reset, an HTTP 5xx, a stream cut before the segment ended)
+or stalls (no token for ``stall_s`` while it has generations running) is marked down: its
+running generations are handed back as preempted (the scheduler queues them again, and they
+re-prefill their kept ids on another replica), paused ones lose their home and move when they
+resume, and the replica is probed again after ``retry_s``, doubling up to ``retry_max_s``.
+A request the server refuses (an HTTP 4xx) ends that generation only
+(``StepResult.failed``). :meth:`VllmServerEngine.pool_state` reports each replica.
+
+The HTTP client is httpx's asynchronous one on an event loop in a thread of its own: streams
+arrive while the scheduler decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from timelyllm_ros.engines.base import (
+    Capability,
+    EngineBehaviour,
+    EngineRequest,
+    EngineStats,
+)
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
+from timelyllm_ros.engines.kept import KeptTokens, WindowDetokenizer, chat_prompt_ids
+from timelyllm_ros.engines.real import ForwardPass, RealEngine
+from timelyllm_ros.engines.replicas import replica_rank
+from timelyllm_ros.engines.vllm_engine import DECODING_KEY, FORCED_KEY
+from timelyllm_ros.errors import EngineError
+
+logger = logging.getLogger(__name__)
+
+SERVER_PROCESSOR = 'timelyllm_ros.engines.vllm_engine:ForcedTokensLogitsProcessor'
+"""What ``vllm serve --logits-processors`` loads for plan decoding (this package installed in
+the server's environment)."""
+
+SERVER_INSTALL_HINT = ('start each server with --logits-processors ' + SERVER_PROCESSOR +
+                       ' (timelyllm_ros installed beside vLLM), or build the engine with '
+                       'grammar=false')
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One streamed completion request: what has arrived of it and how it ended."""
+
+    replica: int
+    ids: deque[int] = field(default_factory=deque)   # arrived, not handed out yet
+    finish: str | None = None               # the server's finish reason (the stream ended)
+    error: str | None = None                # why the request failed
+    fault: bool = False                     # ... through the replica (else it was refused)
+    prompt_tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)     # when something last arrived
+    future: concurrent.futures.Future[None] | None = None
+    joined: bool = True                     # its prompt's figures are still to be counted
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.ids) or self.finish is not None or self.error is not None
+
+
+@dataclass(slots=True)
+class _Generation(KeptTokens):
+    seq: int = 0                            # registration order (the request's priority)
+    home: int | None = None                 # the replica holding its KV
+    segment: _Segment | None = None         # the live request
+    segments: int = 0
+
+
+@dataclass(slots=True)
+class Replica:
+    """One server of the pool, as the engine sees it."""
+
+    url: str
+    up: bool = True
+    failures: int = 0                       # consecutive; sets the retry backoff
+    retry_at: float = 0.0                   # monotonic time of the next probe when down
+    last_error: str = ''
+    kv_usage: float = 0.0                   # vLLM's KV cache usage (0-1), from /metrics
+    num_blocks: int = 0                     # its KV blocks (0: unknown, admission by batch)
+    block_size: int = 16
+    prefix_hits: float = 0.0                # vLLM's prefix-cache counters (tokens)
+    prefix_queries: float = 0.0
+    prefixes: set[str] = field(default_factory=set)   # prompt prefixes it has served
+    running: set[str] = field(default_factory=set)
+    admitted: set[str] = field(default_factory=set)   # joined since its last /metrics
+    probing: bool = False
+
+
+class VllmServerEngine(RealEngine[_Generation]):
+    """A pool of ``vllm serve`` endpoints: one request per segment, streamed."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
+    backend_name: ClassVar[str] = 'vllm-server'
+
+    def __init__(
+        self,
+        model: str,
+        endpoints: str | Sequence[str] = 'http://127.0.0.1:8000',
+        max_num_seqs: int = 8,
+        max_model_len: int | None = None,
+        force_script: bool = False,
+        grammar: bool = True,
+        use_priority: bool = True,
+        chat_template: bool = True,
+        lookahead_tokens: int = 16,
+        served_model: str | None = None,
+        connect_timeout_s: float = 5.0,
+        stall_s: float = 30.0,
+        retry_s: float = 1.0,
+        retry_max_s: float = 30.0,
+        metrics_s: float = 0.25,
+    ) -> None:
+        """Args:
+            model: a local Hugging Face model folder: the servers' model (its tokenizer
+                renders prompts and reads outputs here).
+            endpoints: the servers' base URLs, comma-separated or a list.
+            max_num_seqs: batch cap per replica (the servers' ``--max-num-seqs``).
+            max_model_len: context per generation (None: the servers' own).
+            force_script: feed the request's ``script`` tokens (the servers' processor).
+            grammar: decode plans through the servers' processor (see the module docstring).
+            use_priority: send each generation's registration order as its ``priority``
+                (servers started with ``--scheduling-policy priority``).
+            chat_template: render chat turns with the tokenizer's chat template.
+            lookahead_tokens: KV headroom a generation needs to join.
+            served_model: the model name the servers serve (None: what ``/v1/models`` says).
+            connect_timeout_s: to connect to a server, and for a probe's answer.
+            stall_s: a replica whose running generations got nothing for this long is down.
+            retry_s: first wait before a failed replica is probed again (doubling).
+            retry_max_s: longest wait between probes.
+            metrics_s: how often each replica's ``/metrics`` (KV usage) is read.
+
+        Raises:
+            EngineError: no endpoint, httpx missing, the tokenizer cannot be read, no server
+                answers, the servers serve different models, or they lack the processor.
+        """
+        super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
+        urls = ([u.strip() for u in endpoints.split(',')] if isinstance(endpoints, str)
+                else [str(u).strip() for u in endpoints])
+        urls = [u.rstrip('/') for u in urls if u]
+        if not urls:
+            raise EngineError('the vllm-server engine needs at least one endpoint')
+        if len(set(urls)) != len(urls):
+            raise EngineError(f'an endpoint is listed twice: {", ".join(urls)}')
+        try:
+            import httpx
+        except ImportError:
+            raise EngineError("the vllm-server engine needs httpx: pip install -e '.[server]'"
+                              ) from None
+        self._httpx = httpx
+        self.tokenizer = _load_tokenizer(model)
+        eos = self.tokenizer.eos_token_id
+        self.eos_id = int(eos) if eos is not None else None
+        self.eos_ids = frozenset() if self.eos_id is None else frozenset({self.eos_id})
+        self.replicas = [Replica(url) for url in urls]
+        self.per_replica_seqs = max_num_seqs
+        self._max_num_seqs = max_num_seqs * len(urls)
+        self.in_engine_decoding = grammar
+        self.use_priority = use_priority
+        self.chat_template = chat_template
+        self.connect_timeout_s = connect_timeout_s
+        self.stall_s = stall_s
+        self.retry_s = retry_s
+        self.retry_max_s = retry_max_s
+        self.metrics_s = metrics_s
+        self._arrived = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name='vllm-server-io',
+                                        daemon=True)
+        self._thread.start()
+        self._client: Any = None
+        self._grammar_tokenizer: LlguidanceTokenizer | None = None
+        self._seq = 0
+        self._metrics_task: concurrent.futures.Future[None] | None = None
+        # statistics of the pool's own (the shared ones are RealEngine's)
+        self.resumes = 0
+        self.trimmed_tokens = 0          # arrived past a boundary, dropped
+        self.moves = 0                   # generations re-placed after their replica failed
+        self.requests = 0
+        self._baseline: list[tuple[float, float]] = []
+        try:
+            self._call(self._open(), timeout=3 * connect_timeout_s + 5)
+            self.served_model = served_model or self._served_name()
+            self.max_context = self._context_limit(max_model_len)
+            self._probe_servers(needs_processor=grammar or force_script)
+            self._metrics_task = asyncio.run_coroutine_threadsafe(self._poll_metrics(),
+                                                                  self._loop)
+            self._call(self._read_all_metrics(), timeout=3 * connect_timeout_s + 5)
+            self._baseline = [(r.prefix_hits, r.prefix_queries) for r in self.replicas]
+        except BaseException:
+            self.close()
+            raise
+        self.model_label = self.served_model
+        self.hardware = f'{len(urls)} vllm server(s)'
+
+    # -- start-up ---------------------------------------------------------------------------
+    async def _open(self) -> None:
+        httpx = self._httpx
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=self.connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self._models = await asyncio.gather(
+            *(self._get_json(r, '/v1/models') for r in self.replicas), return_exceptions=True)
+        for replica, answer in zip(self.replicas, self._models, strict=True):
+            if isinstance(answer, BaseException):
+                self._mark_down(replica, f'not answering: {_describe(answer)}')
+
+    async def _get_json(self, replica: Replica, path: str) -> Any:
+        response = await self._client.get(replica.url + path, timeout=self.connect_timeout_s)
+        response.raise_for_status()
+        return response.json()
+
+    def _served_name(self) -> str:
+        names = {m['id'] for answer in self._models if isinstance(answer, dict)
+                 for m in answer.get('data', [])[:1]}
+        if not names:
+            raise EngineError('no vllm server answers at ' +
+                              ', '.join(r.url for r in self.replicas) + ': ' +
+                              '; '.join(r.last_error for r in self.replicas))
+        if len(names) > 1:
+            raise EngineError(f'the servers serve different models: {sorted(names)}')
+        return names.pop()  # type: ignore[no-any-return]
+
+    def _context_limit(self, asked: int | None) -> int:
+        limits = [int(m['max_model_len']) for answer in self._models
+                  if isinstance(answer, dict) for m in answer.get('data', [])[:1]
+                  if m.get('max_model_len')]
+        served = min(limits) if limits else None
+        if asked is not None and served is not None and asked > served:
+            raise EngineError(f'max_model_len={asked} is more than the servers take '
+                              f'({served})')
+        return asked or served or 4096
+
+    def _probe_servers(self, needs_processor: bool) -> None:
+        """One one-token request to every live server, with a priority where the engine sends
+        them; where plans need this package's processor, forcing a token the model would not
+        choose (a server without the processor answers with its own choice).
+
+        Raises:
+            EngineError: a server refuses the request's form, or lacks the processor.
+        """
+        probe = self._encode(' zebra')[-1:]
+        xargs = {FORCED_KEY: probe} if needs_processor else None
+        for replica in self.replicas:
+            if not replica.up:
+                continue
+            body = self._body(self._encode('The'), max_tokens=1, priority=1, xargs=xargs)
+            body['stream'] = False
+            try:
+                answer = self._call(self._post_json(replica, body),
+                                    timeout=60 + self.connect_timeout_s)
+            except EngineError as err:      # the server answered, and refused
+                hint = (' (start it with --scheduling-policy priority, or build the engine '
+                        'with use_priority=false)' if 'priority' in str(err) else '')
+                raise EngineError(f'the vllm server at {replica.url} refused a probe: '
+                                  f'{err}{hint}') from None
+            except Exception as err:  # noqa: BLE001 - a server that fails the probe is down
+                self._mark_down(replica, f'probe failed: {_describe(err)}')
+                continue
+            ids = (answer.get('choices') or [{}])[0].get('token_ids') or []
+            if needs_processor and list(ids) != probe:
+                raise EngineError(f'the vllm server at {replica.url} does not decode plans '
+                                  f'with this package (probe answered {ids}, forced {probe}): '
+                                  f'{SERVER_INSTALL_HINT}')
+        if not any(r.up for r in self.replicas):
+            raise EngineError('no vllm server answers a probe: ' +
+                              '; '.join(f'{r.url}: {r.last_error}' for r in self.replicas))
+
+    async def _post_json(self, replica: Replica, body: dict[str, Any]) -> Any:
+        response = await self._client.post(replica.url + '/v1/completions', json=body)
+        if response.status_code != 200:
+            raise EngineError(f'HTTP {response.status_code}: {response.text[:300]}')
+        return response.json()
+
+    # -- the backend ------------------------------------------------------------------------
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
+                                                               None):
+            return chat_prompt_ids(self.tokenizer, request.messages)
+        return list(self.tokenizer.encode(request.prompt))
+
+    def supports(self, capability: Capability) -> bool:
+        """Grammars only where the servers decode through this package's processor."""
+        if capability == 'grammar' and not self.in_engine_decoding:
+            return False
+        return super().supports(capability)
+
+    def _grammar(self, gbnf: str) -> None:
+        """The grammar runs in the servers' processor; here it is only checked to refuse a bad
+        one at registration (llguidance, where installed; the server refuses it otherwise).
+
+        Raises:
+            EngineError: the engine was built with ``grammar=False``, or the grammar is bad.
+        """
+        if not self.in_engine_decoding:
+            super()._grammar(gbnf)
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = LlguidanceTokenizer.from_hf(
+                self.tokenizer, sorted(self.eos_ids))
+        self._grammar_tokenizer.grammar(gbnf)
+        return None
+
+    def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
+                        forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
+        generation = _Generation(
+            request, prompt_ids, forced, seq=self._seq, detokenizer=WindowDetokenizer(
+                lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
+                len(prompt_ids)))
+        self._seq += 1
+        return generation
+
+    # -- placement and admission ------------------------------------------------------------
+    def placement(self, request_id: str) -> int | None:
+        """The replica a generation runs on: its home, else where it would go now (None: no
+        replica is up)."""
+        generation = self._get(request_id)
+        if generation.home is not None:
+            return generation.home
+        self._probe_due()
+        prefix = generation.request.prefix_id
+        live = [i for i, r in enumerate(self.replicas) if r.up]
+        if not live:
+            return None
+
+        def rank(index: int) -> tuple[bool, float, int, bool, int, int]:
+            replica = self.replicas[index]
+            return replica_rank(index, free=self.per_replica_seqs - len(replica.running),
+                                cached=prefix is not None and prefix in replica.prefixes,
+                                running=len(replica.running))
+
+        return min(live, key=rank)
+
+    def _fits(self, generation: _Generation) -> bool:
+        """Room on its replica: a batch slot, and its KV blocks beside what the replica last
+        reported in use plus the blocks of those admitted since."""
+        index = self.placement(generation.request.request_id)
+        if index is None:
+            return False
+        replica = self.replicas[index]
+        if len(replica.running) >= self.per_replica_seqs:
+            return False
+        if not replica.num_blocks:
+            return True
+        used = replica.kv_usage * replica.num_blocks
+        used += sum(self._blocks(self._generations[r], replica) for r in replica.admitted
+                    if r in self._generations)
+        return used + self._blocks(generation, replica) <= replica.num_blocks
+
+    def fits_when_idle(self, request_id: str) -> bool:
+        index = self.placement(request_id)
+        replica = self.replicas[index if index is not None else 0]
+        generation = self._get(request_id)
+        return (not replica.num_blocks or self._blocks(generation, replica)
+                <= replica.num_blocks) and generation.total < self.max_context
+
+    def _blocks(self, generation: _Generation, replica: Replica) -> int:
+        return -(-(generation.total + self.lookahead_tokens) // replica.block_size)
+
+    def run_cost_s(self, request_id: str) -> float:
+        generation = self._get(request_id)
+        tokens = generation.total
+        if generation.output_ids and generation.home is not None:
+            index = generation.home      # a resume on its replica: its last block is prefilled
+            tokens = tokens % self.replicas[index].block_size or self.replicas[index].block_size
+        return self.latency.prefill_s(tokens, default_tps=2000.0)
+
+    def _joined(self, generation: _Generation) -> None:
+        index = self.placement(generation.request.request_id)
+        assert index is not None          # _fits placed it
+        replica = self.replicas[index]
+        generation.home = index
+        replica.running.add(generation.request.request_id)
+        replica.admitted.add(generation.request.request_id)
+        if generation.request.prefix_id is not None:
+            replica.prefixes.add(generation.request.prefix_id)
+
+    def _paused(self, generation: _Generation) -> None:
+        self._close(generation)
+        self._leave(generation)
+
+    def _released(self, generation: _Generation) -> None:
+        self._paused(generation)
+
+    def _leave(self, generation: _Generation) -> None:
+        if generation.home is not None:
+            replica = self.replicas[generation.home]
+            replica.running.discard(generation.request.request_id)
+            replica.admitted.discard(generation.request.request_id)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        known = self.latency.decode_s
+        share = max(1, math.ceil(batch_size / max(1, sum(r.up for r in self.replicas))))
+        if share in known:
+            return known[share]
+        if not known:
+            return 0.02
+        nearest = min(known, key=lambda b: abs(b - share))
+        return float(known[nearest] * max(1.0, share / nearest) ** 0.1)
+
+    # -- the step ---------------------------------------------------------------------------
+    def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
+        """Submit the joining generations' segment requests (closing the masked-out ones'),
+        wait until one of the running generations has news or ``stall_s`` passes, then hand
+        out one token per generation, the ends, and the failures."""
+        active = [r for r in self._running if only is None or r in only] or list(self._running)
+        forward = ForwardPass(batch_size=len(active))
+        for request_id in list(self._running):
+            generation = self._generations[request_id]
+            if request_id not in active:
+                self._close(generation)          # masked out: idle, its blocks stay cached
+            elif generation.segment is None:
+                self._submit(generation)
+        live = [self._generations[r] for r in active]
+        deadline = time.monotonic() + self.stall_s
+        with self._arrived:
+            while not any(g.segment is None or g.segment.ready for g in live):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._arrived.wait(left)
+        now = time.monotonic()
+        for generation in live:
+            segment = generation.segment
+            if segment is None:
+                continue
+            request_id = generation.request.request_id
+            with self._arrived:
+                token = segment.ids.popleft() if segment.ids else None
+                drained = not segment.ids
+            if segment.joined and (token is not None or segment.finish is not None):
+                segment.joined = False
+                forward.prefill_tokens += segment.prompt_tokens
+            if token is not None:
+                self._hand_out(forward, generation, token)
+            if request_id in forward.finished:
+                continue
+            if drained and segment.finish is not None:
+                self._finish(forward, generation, segment.finish)
+            elif drained and segment.error is not None:
+                self._fail(forward, generation, segment)
+            elif token is None and now - segment.last >= self.stall_s:
+                segment.error, segment.fault = (f'stalled: nothing for {self.stall_s:g} s'), True
+                self._fail(forward, generation, segment)
+        forward.prefill = bool(forward.prefill_tokens) and not forward.text
+        forward.decoded = bool(forward.text)
+        return forward
+
+    def _hand_out(self, forward: ForwardPass, generation: _Generation, token: int) -> None:
+        request_id = generation.request.request_id
+        if generation.forced is not None and token == self.eos_id:
+            self._finish(forward, generation, 'stop')
+            return
+        if self._is_eos(token):
+            self._finish(forward, generation, 'stop')
+            return
+        generation.output_ids.append(token)
+        assert generation.detokenizer is not None
+        forward.text[request_id] = generation.detokenizer.text(generation.ids(), 1)
+        forward.token_ids[request_id] = (token,)
+        if (len(generation.output_ids) >= generation.request.max_tokens
+                or generation.total >= self.max_context):
+            self._finish(forward, generation, 'length')
+
+    def _finish(self, forward: ForwardPass, generation: _Generation, reason: str) -> None:
+        request_id = generation.request.request_id
+        length = reason == 'length' or len(generation.output_ids) >= generation.request.max_tokens
+        forward.finished[request_id] = 'length' if length else 'eos'
+        self._close(generation)
+        self._leave(generation)
+
+    def _fail(self, forward: ForwardPass, generation: _Generation, segment: _Segment) -> None:
+        """A request that failed: through its replica (the generation moves: preempted), or
+        refused by the server (the generation ends: failed)."""
+        request_id = generation.request.request_id
+        self._close(generation)
+        self._leave(generation)
+        self._running.pop(request_id, None)
+        if not segment.fault:
+            forward.failed[request_id] = f'the vllm server refused it: {segment.error}'
+            return
+        self._mark_down(self.replicas[segment.replica], segment.error or 'failed')
+        self._orphan(segment.replica)
+        forward.preempted.append(request_id)
+
+    def _orphan(self, index: int) -> None:
+        """A replica is down: every generation whose KV was there has no home any more."""
+        for generation in self._generations.values():
+            if generation.home == index:
+                generation.home = None
+                generation.location = 'none'
+                if generation.output_ids:
+                    self.moves += 1
+
+    # -- requests ---------------------------------------------------------------------------
+    def _body(self, prompt: list[int], max_tokens: int, priority: int,
+              xargs: dict[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            'model': getattr(self, 'served_model', None) or self.model_name,
+            'prompt': prompt, 'max_tokens': max(1, max_tokens), 'temperature': 0.0,
+            'stream': True, 'return_token_ids': True}
+        if self.use_priority and priority:
+            body['priority'] = priority
+        if xargs:
+            body['vllm_xargs'] = xargs
+        return body
+
+    def _submit(self, generation: _Generation) -> None:
+        request = generation.request
+        index = generation.home
+        assert index is not None
+        remaining = min(request.max_tokens - len(generation.output_ids),
+                        self.max_context - generation.total)
+        xargs: dict[str, Any] | None = None
+        if generation.forced is not None:
+            done = len(generation.output_ids)
+            forced = generation.forced[done:] + ([self.eos_id] if self.eos_id is not None
+                                                  else [])
+            xargs = {FORCED_KEY: forced}
+            remaining = min(remaining, len(forced))
+        elif self.in_engine_decoding and (request.grammar is not None
+                                          or request.repetition_penalty != 1.0):
+            xargs = {DECODING_KEY: json.dumps({
+                'grammar': request.grammar, 'kept': generation.output_ids,
+                'max_tokens': request.max_tokens, 'end_within': request.end_within,
+                'repetition_penalty': request.repetition_penalty})}
+        prompt = generation.ids()
+        # the tokens the replica prefills: all of them first, or after its home failed; on a
+        # resume its prefix cache holds the kept ids' full blocks (vLLM reports the request's
+        # cached tokens only at its stream's end, which a cut segment never reaches)
+        prefill = len(prompt)
+        if generation.segments and generation.location == 'none':
+            self._count_recompute(generation)
+        elif generation.segments:
+            self.resumes += 1
+            block = self.replicas[index].block_size
+            prefill = len(prompt) % block or block
+            self._pending_cached += len(prompt) - prefill
+        generation.segments += 1
+        generation.location = 'device'
+        self.requests += 1
+        segment = _Segment(index, prompt_tokens=prefill)
+        body = self._body(prompt, remaining, generation.seq, xargs)
+        body['request_id'] = f'{request.request_id}#{generation.segments}-{self.requests}'
+        generation.segment = segment
+        segment.future = asyncio.run_coroutine_threadsafe(
+            self._stream(self.replicas[index], segment, body), self._loop)
+
+    async def _stream(self, replica: Replica, segment: _Segment, body: dict[str, Any]) -> None:
+        """Read one segment's stream into its segment (on the event loop's thread)."""
+        httpx = self._httpx
+        try:
+            async with self._client.stream('POST', replica.url + '/v1/completions',
+                                           json=body) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode('utf-8', 'replace')[:300]
+                    self._arrive(segment, error=f'HTTP {response.status_code}: {text}',
+                                 fault=response.status_code >= 500)
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith('data:'):
+                        continue
+                    data = line[5:].strip()
+                    if data == '[DONE]':
+                        break
+                    self._read_chunk(segment, json.loads(data))
+                    if segment.error is not None:
+                        return
+            if segment.finish is None:
+                self._arrive(segment, error='the stream ended before the segment did',
+                             fault=True)
+        except asyncio.CancelledError:
+            raise                                   # a cut: the stream is closed
+        except (httpx.HTTPError, OSError, ValueError) as err:
+            self._arrive(segment, error=_describe(err), fault=True)
+
+    def _read_chunk(self, segment: _Segment, chunk: dict[str, Any]) -> None:
+        if 'error' in chunk:
+            error = chunk['error']
+            message = error.get('message', error) if isinstance(error, dict) else error
+            self._arrive(segment, error=f'server error: {message}', fault=True)
+            return
+        for choice in chunk.get('choices') or []:
+            ids = [int(t) for t in choice.get('token_ids') or []]
+            self._arrive(segment, ids=ids, finish=choice.get('finish_reason'))
+
+    def _arrive(self, segment: _Segment, ids: Sequence[int] = (), finish: str | None = None,
+                error: str | None = None, fault: bool = False) -> None:
+        with self._arrived:
+            segment.ids.extend(ids)
+            segment.last = time.monotonic()
+            if finish is not None:
+                segment.finish = finish
+            if error is not None and segment.error is None:
+                segment.error, segment.fault = error, fault
+            self._arrived.notify_all()
+
+    def _close(self, generation: _Generation) -> None:
+        """End a generation's live request: closing its stream makes vLLM abort it; what had
+        arrived and was not handed out is dropped."""
+        segment, generation.segment = generation.segment, None
+        if segment is None:
+            return
+        if segment.future is not None and not segment.future.done():
+            segment.future.cancel()
+        with self._arrived:
+            self.trimmed_tokens += len(segment.ids)
+            segment.ids.clear()
+
+    # -- replica health ---------------------------------------------------------------------
+    def _mark_down(self, replica: Replica, why: str) -> None:
+        if replica.up:
+            logger.warning('vllm server %s is down: %s', replica.url, why)
+        replica.up = False
+        replica.failures += 1
+        replica.last_error = why
+        replica.retry_at = time.monotonic() + min(
+            self.retry_max_s, self.retry_s * 2 ** (replica.failures - 1))
+        replica.running.clear()
+        replica.admitted.clear()
+        replica.prefixes.clear()
+
+    def _probe_due(self) -> None:
+        """Probe the down replicas whose wait is over (in the background)."""
+        now = time.monotonic()
+        for replica in self.replicas:
+            if not replica.up and not replica.probing and now >= replica.retry_at:
+                replica.probing = True
+                asyncio.run_coroutine_threadsafe(self._probe(replica), self._loop)
+
+    async def _probe(self, replica: Replica) -> None:
+        try:
+            response = await self._client.get(replica.url + '/health',
+                                              timeout=self.connect_timeout_s)
+            healthy = response.status_code == 200
+            why = f'health check: HTTP {response.status_code}'
+        except (self._httpx.HTTPError, OSError) as err:
+            healthy, why = False, _describe(err)
+        if healthy:
+            await self._read_metrics(replica)
+            logger.warning('vllm server %s is back', replica.url)
+            replica.up, replica.failures, replica.last_error = True, 0, ''
+        else:
+            replica.failures += 1
+            replica.last_error = why
+            replica.retry_at = time.monotonic() + min(
+                self.retry_max_s, self.retry_s * 2 ** (replica.failures - 1))
+        replica.probing = False
+
+    async def _poll_metrics(self) -> None:
+        while True:
+            await asyncio.sleep(self.metrics_s)
+            await asyncio.gather(*(self._read_metrics(r) for r in self.replicas if r.up),
+                                 return_exceptions=True)
+
+    async def _read_all_metrics(self) -> None:
+        await asyncio.gather(*(self._read_metrics(r) for r in self.replicas if r.up),
+                             return_exceptions=True)
+
+    async def _read_metrics(self, replica: Replica) -> None:
+        """vLLM's KV usage, KV capacity and prefix-cache counters from ``/metrics``."""
+        try:
+            response = await self._client.get(replica.url + '/metrics',
+                                              timeout=self.connect_timeout_s)
+            response.raise_for_status()
+            figures = server_metrics(response.text)
+        except (self._httpx.HTTPError, OSError, ValueError) as err:
+            logger.debug('metrics of %s: %s', replica.url, _describe(err))
+            return
+        replica.kv_usage = figures.get('kv_cache_usage', replica.kv_usage)
+        replica.num_blocks = int(figures.get('num_gpu_blocks', replica.num_blocks))
+        replica.block_size = int(figures.get('block_size', replica.block_size))
+        replica.prefix_hits = figures.get('prefix_cache_hits', replica.prefix_hits)
+        replica.prefix_queries = figures.get('prefix_cache_queries', replica.prefix_queries)
+        replica.admitted.clear()
+
+    # -- extras -----------------------------------------------------------------------------
+    def pool_state(self) -> list[dict[str, Any]]:
+        """Each replica: URL, up, running, KV usage, consecutive failures, last error."""
+        return [{'url': r.url, 'up': r.up, 'running': len(r.running),
+                 'kv_cache_usage': round(r.kv_usage, 4), 'failures': r.failures,
+                 'last_error': r.last_error} for r in self.replicas]
+
+    @property
+    def resume_stats(self) -> dict[str, float]:
+        """Resumes, tokens dropped past boundaries, moves, and the servers' prefix-cache hit
+        rate over this engine's life (vLLM counts it over every prompt, resumes included:
+        it does not report a request's cached tokens until its stream's end, which a cut
+        segment never reaches)."""
+        self._call(self._read_all_metrics(), timeout=3 * self.connect_timeout_s + 5)
+        hits = sum(r.prefix_hits - b[0] for r, b in zip(self.replicas, self._baseline,
+                                                        strict=False))
+        queries = sum(r.prefix_queries - b[1] for r, b in zip(self.replicas, self._baseline,
+                                                              strict=False))
+        return {'resumes': self.resumes, 'trimmed_tokens': self.trimmed_tokens,
+                'moves': self.moves, 'prefix_cache_hits': hits,
+                'prefix_cache_queries': queries,
+                'prefix_reuse': hits / queries if queries else 0.0}
+
+    def behaviour(self) -> EngineBehaviour:
+        return EngineBehaviour(resume='new_request_prefix_cache', prompt_cache='blocks')
+
+    @property
+    def kv_block_size(self) -> int:
+        return self.replicas[0].block_size
+
+    def stats(self) -> EngineStats:
+        return replace(super().stats(), kv_capacity_tokens=sum(
+            r.num_blocks * r.block_size for r in self.replicas))
+
+    def close(self) -> None:
+        """Close every stream and the client, stop the event loop. Idempotent."""
+        if self._closed:
+            return
+        try:
+            for generation in list(self._generations.values()):
+                self._close(generation)
+            if self._metrics_task is not None:
+                self._metrics_task.cancel()
+            if self._client is not None and self._loop.is_running():
+                self._call(self._client.aclose(), timeout=5)
+        finally:
+            super().close()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def _call(self, coroutine: Any, timeout: float) -> Any:
+        """Run a coroutine on the event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+
+def server_metrics(text: str) -> dict[str, float]:
+    """The figures this engine reads from a vLLM server's Prometheus text (``/metrics``):
+    ``kv_cache_usage`` (0-1), ``num_gpu_blocks`` and ``block_size`` (from
+    ``vllm:cache_config_info``), ``prefix_cache_hits`` and ``prefix_cache_queries`` (tokens),
+    summed over the server's engines.
+
+    Raises:
+        ValueError: the text is not Prometheus' exposition format.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    figures: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name == 'vllm:kv_cache_usage_perc':
+                figures['kv_cache_usage'] = figures.get('kv_cache_usage', 0.0) + sample.value
+            elif name in ('vllm:prefix_cache_hits_total', 'vllm:prefix_cache_queries_total'):
+                key = name[5:-6]
+                figures[key] = figures.get(key, 0.0) + sample.value
+            elif name == 'vllm:cache_config_info':
+                for label, key in (('num_gpu_blocks', 'num_gpu_blocks'),
+                                   ('block_size', 'block_size')):
+                    value = sample.labels.get(label)
+                    if value is not None and value not in ('', 'None'):
+                        figures[key] = float(value)
+    return figures
+
+
+def _load_tokenizer(model: str) -> Any:
+    if not os.path.isdir(model):
+        raise EngineError(f'vllm-server engine: {model!r} is not a local model folder (the '
+                          "servers' model: its tokenizer renders prompts here)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise EngineError("the vllm-server engine reads the model's tokenizer with "
+                          "transformers: pip install -e '.[server]'") from None
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except Exception as err:  # noqa: BLE001 - transformers raises many kinds
+        raise EngineError(f'cannot read the tokenizer of {model!r}: {err}') from None
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip()
+    return f'{type(err).__name__}: {text}' if text else type(err).__name__
