@@ -4,6 +4,8 @@
         policy:=timelyllm record:=true bag:=/tmp/fleet_bag
     ros2 launch timelyllm_ros fleet.launch.py engine:=cpu model:=smollm2 \
         engine_options:='threads=2 kv_tokens=8192' backend:=emulator
+    ros2 launch timelyllm_ros fleet.launch.py engine:=vllm-server \
+        model:=/opt/models/smollm2 endpoints:=http://gpu1:8000,http://gpu2:8000
     ros2 launch timelyllm_ros fleet.launch.py drones:=0 arms:=0 robots:='boat:2 tello' \
         profiles_dir:=/path/to/profiles
 

@@ -99,7 +99,7 @@ def test_start_reads_the_servers(tokenizer_folder: str,
     engine = _engine(tokenizer_folder, servers)
     assert engine.served_model == 'fake-model' and engine.max_context == 2048
     assert engine.max_num_seqs == 8 and engine.supports('grammar')
-    assert [r['up'] for r in engine.pool_state()] == [True, True]
+    assert [r.up for r in engine.replica_states()] == [True, True]
     assert engine.stats().kv_capacity_tokens == 2 * 100 * 16     # from /metrics
     probes = [s.served.requests[0] for s in servers]
     assert all(p['vllm_xargs'][FORCED_KEY] and p['priority'] == 1 for p in probes)
@@ -131,8 +131,8 @@ def test_one_server_down_at_start_is_retried(tokenizer_folder: str,
     dead = 'http://127.0.0.1:9'
     engine = _engine(tokenizer_folder, servers[:1], endpoints=f'{dead},{servers[0].url}',
                      connect_timeout_s=1)
-    state = engine.pool_state()
-    assert state[0]['up'] is False and state[0]['last_error'] and state[1]['up'] is True
+    state = engine.replica_states()
+    assert state[0].up is False and state[0].last_error and state[1].up is True
     engine.register(_request('a'))
     assert engine.placement('a') == 1
     engine.close()
@@ -270,8 +270,8 @@ def test_a_server_that_goes_away_moves_its_generations(
         if preempted:
             break
     assert preempted == ['a'] and 'a' not in engine.running
-    state = engine.pool_state()[victim]
-    assert state['up'] is False and state['failures'] >= 1 and state['last_error']
+    state = engine.replica_states()[victim]
+    assert state.up is False and state.failures >= 1 and state.last_error
     kept = list(engine.token_ids('a'))
     assert kept and kept == plan_ids[:len(kept)]
     assert engine.placement('a') == survivor and engine.can_run('a')
@@ -289,7 +289,7 @@ def test_a_replica_that_comes_back_is_used_again(tokenizer_folder: str,
     engine = _engine(tokenizer_folder, servers)
     replica = engine.replicas[0]
     engine._mark_down(replica, 'test')
-    assert engine.pool_state()[0]['up'] is False
+    assert engine.replica_states()[0].up is False
     deadline = time.monotonic() + 5
     while not replica.up and time.monotonic() < deadline:
         engine._probe_due()
@@ -318,7 +318,7 @@ def test_replica_faults_preempt_and_move(fault: str, tokenizer_folder: str,
         behaviour.stall = True
     ended = _finish(engine, ['a'])
     assert ended['a'].preempted == ('a',)
-    assert engine.pool_state()[home]['up'] is False
+    assert engine.replica_states()[home].up is False
     servers[home].behaviour = Behaviour()
     _finish(engine, ['a'])
     assert list(engine.token_ids('a')) == plan_ids and engine.placement('a') == 1 - home
@@ -335,7 +335,7 @@ def test_a_refused_request_fails_that_generation_only(tokenizer_folder: str,
     engine.register(_request('bad'))
     ended = _finish(engine, ['bad'])
     assert 'refused on purpose' in ended['bad'].failed['bad']
-    assert engine.pool_state()[0]['up'] is True            # the server itself is fine
+    assert engine.replica_states()[0].up is True            # the server itself is fine
     assert 'bad' not in engine.running
     engine.close()
 
@@ -377,7 +377,7 @@ def test_the_scheduler_cuts_segments_and_survives_a_lost_replica(
     assert all(g.status == TaskStatus.FINISHED for g in scheduler.generations.values()), [
         (g.task_id, g.status.name, g.error) for g in scheduler.generations.values()]
     assert all(s == ['mf(50)', ';tc(90)', ';ld()'] for s in segments.values()), segments
-    assert engine.pool_state()[0]['up'] is False
+    assert engine.replica_states()[0].up is False
     engine.close()
 
 
@@ -406,3 +406,54 @@ def test_server_metrics_reads_vllms_exposition() -> None:
     assert figures['prefix_cache_queries'] >= figures['prefix_cache_hits'] > 0
     with pytest.raises(ValueError):
         server_metrics('vllm:kv_cache_usage_perc{ 0.5 nonsense')
+
+
+def test_the_live_service_serves_goals_from_the_pool_and_shows_it(
+        tokenizer_folder: str, servers: list[FakeVllmServer]) -> None:
+    """Goals from the live service (wall clock) over two fake servers; one goes away in the
+    middle: every goal still ends executed, and the service's state shows the replica down."""
+    import threading
+
+    from timelyllm_ros.live.goals import PlanGoal
+    from timelyllm_ros.live.service import PlannerService
+
+    for server in servers:
+        server.behaviour.token_delay_s = 0.01
+    service = PlannerService.create(
+        engine='vllm-server', model=tokenizer_folder,
+        engine_options={'endpoints': ','.join(s.url for s in servers), 'retry_s': '0.05',
+                        'max_num_seqs': '4'})
+    ended: dict[str, str] = {}
+    segments: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def on_segment(generation: object, segment: object) -> None:
+        with lock:
+            segments.append((generation.task_id, segment.index))  # type: ignore[attr-defined]
+
+    def on_end(generation: object) -> None:
+        with lock:
+            ended[generation.task_id] = generation.status.name  # type: ignore[attr-defined]
+
+    with service:
+        ids = [service.submit(PlanGoal(f'drone_{i}', 'tello', 'find the cat'), on_segment,
+                              on_end) for i in range(4)]
+        reported: set[tuple[str, int]] = set()
+        stopped = False
+        deadline = time.monotonic() + 60
+        while len(ended) < len(ids):
+            assert time.monotonic() < deadline, (ended, service.state())
+            with lock:
+                fresh = [s for s in segments if s not in reported]
+            for task_id, index in fresh:
+                reported.add((task_id, index))
+                now = service.now()
+                service.report_segment(task_id, index, now, now)
+            if not stopped and len(reported) >= 2:
+                servers[0].stop()
+                stopped = True
+            time.sleep(0.01)
+        state = service.state()
+    assert set(ended.values()) == {'FINISHED'}, ended
+    assert [r.up for r in state.replicas] == [False, True]
+    assert state.replicas[0].name == servers[0].url and state.replicas[0].last_error

@@ -408,6 +408,22 @@ class Engine(ABC):
         one: a replica of a pool (None: this engine; its whole batch is one cohort)."""
         return None
 
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        """Each replica of a pool, for observability (none: the engine is one replica)."""
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """One replica of an engine pool, as the pool sees it."""
+
+    name: str                          # its URL, or its index in a simulated pool
+    up: bool = True
+    running: int = 0                   # generations in its batch
+    kv_cache_usage: float = 0.0        # share of its KV cache in use (0-1)
+    failures: int = 0                  # consecutive failures (0 once it answers again)
+    last_error: str = ''
+
 
 G = TypeVar('G')
 

@@ -40,6 +40,7 @@ from timelyllm_ros.engines.base import (
     EvictTo,
     KvAccounting,
     PlanScript,
+    ReplicaState,
     StepResult,
 )
 from timelyllm_ros.engines.sim import SimulatedEngine
@@ -277,6 +278,10 @@ class SimulatedReplicas(Engine):
 
     def cost_model(self) -> CostModel | None:
         return self.replicas[0].cost_model()
+
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        return tuple(ReplicaState(str(index), running=len(replica.running))
+                     for index, replica in enumerate(self.replicas))
 
     def cohort(self, request_id: str) -> Engine | None:
         """The replica the generation runs or would run on: its iterations are the ones a

@@ -32,7 +32,8 @@ running generations are handed back as preempted (the scheduler queues them agai
 re-prefill their kept ids on another replica), paused ones lose their home and move when they
 resume, and the replica is probed again after ``retry_s``, doubling up to ``retry_max_s``.
 A request the server refuses (an HTTP 4xx) ends that generation only
-(``StepResult.failed``). :meth:`VllmServerEngine.pool_state` reports each replica.
+(``StepResult.failed``). :meth:`VllmServerEngine.replica_states` reports each replica (the
+service's state and the planner's ``scheduler_state`` carry it).
 
 The HTTP client is httpx's asynchronous one on an event loop in a thread of its own: streams
 arrive while the scheduler decides.
@@ -58,6 +59,7 @@ from timelyllm_ros.engines.base import (
     EngineBehaviour,
     EngineRequest,
     EngineStats,
+    ReplicaState,
 )
 from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import KeptTokens, WindowDetokenizer, chat_prompt_ids
@@ -715,11 +717,10 @@ class VllmServerEngine(RealEngine[_Generation]):
         replica.admitted.clear()
 
     # -- extras -----------------------------------------------------------------------------
-    def pool_state(self) -> list[dict[str, Any]]:
-        """Each replica: URL, up, running, KV usage, consecutive failures, last error."""
-        return [{'url': r.url, 'up': r.up, 'running': len(r.running),
-                 'kv_cache_usage': round(r.kv_usage, 4), 'failures': r.failures,
-                 'last_error': r.last_error} for r in self.replicas]
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        """Each server: URL, up, running, KV usage, consecutive failures, last error."""
+        return tuple(ReplicaState(r.url, r.up, len(r.running), round(r.kv_usage, 4),
+                                  r.failures, r.last_error) for r in self.replicas)
 
     @property
     def resume_stats(self) -> dict[str, float]:

@@ -30,7 +30,7 @@ from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, Schedu
 from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines import Engine, create_engine, engine_class
-from timelyllm_ros.engines.base import PlanScript
+from timelyllm_ros.engines.base import PlanScript, ReplicaState
 from timelyllm_ros.errors import (
     GoalError,
     ProfileError,
@@ -101,6 +101,7 @@ class ServiceState:
     error: str = ''                 # why the service failed, or the last loop error
     engine_preemptions: int = 0     # generations the engine preempted on its own (vLLM)
     loop: LoopLoad = field(default_factory=LoopLoad)   # so far (a copy)
+    replicas: tuple[ReplicaState, ...] = ()   # each replica of a pool engine (up, load)
 
 
 class PlannerService:
@@ -473,4 +474,5 @@ class PlannerService:
                             priorities=held.priorities, executing=held.executing,
                             status=self._status, error=self.loop_error,
                             engine_preemptions=held.engine_preemptions,
-                            loop=replace(self.loop_load))
+                            loop=replace(self.loop_load),
+                            replicas=self.scheduler.engine.replica_states())

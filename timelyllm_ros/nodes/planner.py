@@ -125,8 +125,8 @@ class PlannerNode(LifecycleNode):
             self.service = PlannerService.create(
                 policy=param('policy').value, engine=param('engine').value,
                 model=param('model').value or None,
-                engine_options=parse_engine_options(
-                    param('engine_options').value.replace(',', ' ').split()),
+                engine_options=_engine_options(param('engine_options').value,
+                                               param('endpoints').value),
                 calibration=param('calibration').value or None,
                 max_batch=param('max_batch').value or None, comm_s=param('comm_s').value,
                 profiles_dir=param('profiles_dir').value or None,
@@ -511,7 +511,12 @@ class PlannerNode(LifecycleNode):
             status=state.status if self._accepting else 'inactive', error=state.error,
             goal_ids=list(state.priorities), priorities=list(state.priorities.values()),
             loop_iterations=state.loop.iterations, engine_share=state.loop.engine_share,
-            loop_overhead_max_s=state.loop.max_overhead_s))
+            loop_overhead_max_s=state.loop.max_overhead_s,
+            replica_names=[r.name for r in state.replicas],
+            replica_up=[r.up for r in state.replicas],
+            replica_running=[r.running for r in state.replicas],
+            replica_kv_usage=[float(r.kv_cache_usage) for r in state.replicas],
+            replica_errors=[r.last_error for r in state.replicas]))
 
     def destroy_node(self) -> None:
         """End every active goal and let its callback return before the node's handles
@@ -568,6 +573,15 @@ class _GoalEvents:
             return self._events.popleft()
 
 
+def _engine_options(text: str, endpoints: str) -> dict[str, str]:
+    """The engine's options from the ``engine_options`` parameter, with ``endpoints`` (its own
+    parameter: its URLs are comma-separated, which ``engine_options`` splits on)."""
+    options = parse_engine_options(text.replace(',', ' ').split())
+    if endpoints.strip():
+        options['endpoints'] = endpoints.strip()
+    return options
+
+
 PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
     ('engine', 'sim', describe(f'LLM engine: {" | ".join(ENGINES)} (sim: the calibrated '
                                   f'simulator)', STR)),
@@ -577,6 +591,10 @@ PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
         "the engine's own options, KEY=VALUE separated by spaces or commas (e.g. 'threads=2 "
         "kv_tokens=8192'); an option the engine does not take stops the planner with the "
         'reason', STR)),
+    ('endpoints', '', describe(
+        'engine vllm-server: the vllm serve replicas, comma-separated base URLs (e.g. '
+        "'http://gpu1:8000,http://gpu2:8000'); model names a local copy of their model "
+        'folder (its tokenizer)', STR)),
     ('grammar', True, describe(
         "constrain robot plans to their profile's grammar on a real engine, so that every "
         'plan parses and stays within the robot limits (false: free generation, for '

