@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from timelyllm_ros.engines.real import common_prefix
+
 FORCED_KEY = 'timelyllm_forced_ids'
 
 
@@ -53,6 +55,9 @@ class FakeVllmServer:
         self.max_model_len = max_model_len
         self.behaviour = behaviour or Behaviour()
         self.served = Served()
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self._computed: list[list[int]] = []     # prompts and outputs the server computed
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._server = ThreadingHTTPServer(('127.0.0.1', 0), self._handler())
@@ -74,8 +79,16 @@ class FakeVllmServer:
                 return self.plan[k:] + [self.eos]
         return self.plan + [self.eos]
 
+    def serve_prompt(self, prompt: Sequence[int]) -> None:
+        """Count a request's prompt in the prefix-cache counters, as vLLM does: the full
+        16-token blocks it shares with what the server computed before are hits."""
+        shared = max((common_prefix(prompt, seen) for seen in self._computed), default=0)
+        shared = min(shared, len(prompt) - 1) // 16 * 16
+        self.prefix_queries += len(prompt)
+        self.prefix_hits += shared
+
     def metrics(self) -> str:
-        queries, hits = 10 * len(self.served.requests), 9 * len(self.served.requests)
+        queries, hits = self.prefix_queries, self.prefix_hits
         return ('# HELP vllm:kv_cache_usage_perc KV-cache usage.\n'
                 '# TYPE vllm:kv_cache_usage_perc gauge\n'
                 f'vllm:kv_cache_usage_perc{{engine="0",model_name="{self.model}"}} 0.25\n'
@@ -130,6 +143,9 @@ class FakeVllmServer:
                 tokens = ([int(t) for t in forced] if forced and behaviour.processor
                           else server.continuation(body['prompt']))
                 tokens = tokens[:int(body.get('max_tokens') or 16)]
+                with server._lock:
+                    server.serve_prompt(body['prompt'])
+                    server._computed.append(list(body['prompt']) + tokens)
                 ends_eos = tokens[-1] == server.eos
                 reason = 'stop' if ends_eos else 'length'
                 if not body.get('stream'):
@@ -177,3 +193,4 @@ class FakeVllmServer:
                 self.wfile.flush()
 
         return Handler
+

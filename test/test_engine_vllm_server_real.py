@@ -100,38 +100,42 @@ def _specs() -> list[TaskSpec]:
                      NORMAL, 0.0, t.task, t.prompt_tokens, task_tokens=40) for t in chosen]
 
 
-def _plans(engine: Engine, kill: subprocess.Popen[bytes] | None = None
-           ) -> tuple[dict[str, str], Scheduler]:
+def _plans(engine: Engine, alone: bool = False,
+           kill: subprocess.Popen[bytes] | None = None) -> tuple[dict[str, str], Scheduler]:
     """Every goal's plan (its segments joined) through the scheduler, each segment reported
-    done when dispatched; ``kill``: SIGKILL that server after the third dispatch."""
+    done when dispatched. ``alone``: each goal submitted when the one before has ended (every
+    batch holds one goal); else all at once. ``kill``: SIGKILL that server (the pool's first)
+    as soon as a generation homed there has written tokens and not ended."""
     scheduler = Scheduler(create_policy('timelyllm'), engine, SimClock())
-    specs = _specs()
-    for spec in specs:
+    waiting = _specs()
+    plans = {spec.task_id: '' for spec in waiting}
+    for spec in (waiting[:1] if alone else waiting):
         scheduler.submit(spec)
-    plans = {spec.task_id: '' for spec in specs}
-    dispatched = 0
-    for _ in range(20_000):
+    waiting = waiting[1:] if alone else []
+    for _ in range(50_000):
         out = scheduler.tick()
         for dispatch in out.dispatches:
             plans[dispatch.task_id] += dispatch.segment.text
-            dispatched += 1
             now = scheduler.now()
             scheduler.report_segment(dispatch.task_id, dispatch.segment.index, now, now)
-        if kill is not None and dispatched >= 3 and kill.poll() is None:
+        if kill is not None and kill.poll() is None and isinstance(engine, VllmServerEngine) \
+                and any(g.home == 0 and g.output_ids for g in engine._generations.values()):
             os.killpg(kill.pid, signal.SIGKILL)
         if all(g.status.terminal for g in scheduler.generations.values()):
-            break
+            if not waiting:
+                break
+            scheduler.submit(waiting.pop(0))
     return plans, scheduler
 
 
 @pytest.fixture(scope='module')
 def reference() -> dict[str, str]:
-    """The in-process vLLM engine's plans for the same goals."""
+    """The in-process vLLM engine's plans for the same goals, one goal at a time."""
     from timelyllm_ros.engines.vllm_engine import VllmEngine
 
     engine = VllmEngine(MODEL, max_num_seqs=SERVER_SEQS, max_model_len=CONTEXT, kv_cache_gb=1)
     try:
-        plans, scheduler = _plans(engine)
+        plans, scheduler = _plans(engine, alone=True)
     finally:
         engine.close()
     assert all(g.status == TaskStatus.FINISHED for g in scheduler.generations.values())
@@ -140,23 +144,29 @@ def reference() -> dict[str, str]:
 
 def test_plans_equal_the_in_process_engines(servers: list[tuple[str, Any]],
                                             reference: dict[str, str]) -> None:
+    """Goal by goal (so that both engines decode every token in the same batch: greedy
+    choices of a batch depend on its other rows), the pool's plans are the in-process
+    engine's, cut at every skill and resumed on the servers. All at once they all run too."""
     engine = VllmServerEngine(MODEL, endpoints=[url for url, _ in servers],
                               max_num_seqs=SERVER_SEQS)
     try:
-        plans, scheduler = _plans(engine)
+        plans, scheduler = _plans(engine, alone=True)
         stats = engine.resume_stats
-        homes = {engine.replicas[i].url for i in range(2)}
+        together, concurrent = _plans(engine)
     finally:
         engine.close()
     assert all(g.status == TaskStatus.FINISHED for g in scheduler.generations.values())
     assert plans == reference
     assert stats['resumes'] >= len(plans) and stats['moves'] == 0
-    assert len(homes) == 2
-    print(f'\nplans identical on {len(plans)} goals; {stats}')
+    assert all(g.status == TaskStatus.FINISHED for g in concurrent.generations.values())
+    differ = sorted(t for t in plans if together[t] != plans[t])
+    print(f'\nalone: plans identical on {len(plans)} goals, {stats}; all at once: '
+          f'{len(differ)} of {len(plans)} differ from alone ({differ})')
 
 
-def test_a_killed_server_loses_no_goal(servers: list[tuple[str, Any]],
-                                       reference: dict[str, str]) -> None:
+def test_a_killed_server_loses_no_goal(servers: list[tuple[str, Any]]) -> None:
+    """The first server is killed while a generation homed there is mid-plan: every goal
+    still ends executed, those of the killed server re-prefilled on the other one."""
     engine = VllmServerEngine(MODEL, endpoints=[url for url, _ in servers],
                               max_num_seqs=SERVER_SEQS, retry_s=0.5, retry_max_s=2.0)
     try:
@@ -167,8 +177,7 @@ def test_a_killed_server_loses_no_goal(servers: list[tuple[str, Any]],
         engine.close()
     ended = {g.task_id: (g.status.name, g.error) for g in scheduler.generations.values()}
     assert all(status == 'FINISHED' for status, _ in ended.values()), ended
+    assert servers[0][1].poll() is not None               # it was killed
     assert state[0].up is False and state[0].last_error and state[1].up is True
-    assert moves >= 1
-    assert plans == reference         # re-prefilled on the other server, greedy all the same
-    print(f'\nkilled {servers[0][0]}: {moves} generation(s) moved; {state}')
-
+    assert moves >= 1 and sum(g.preemptions for g in scheduler.generations.values()) >= 1
+    print(f'\nkilled {servers[0][0]}: {moves} generation(s) moved; {state}; {plans}')

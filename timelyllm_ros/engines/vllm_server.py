@@ -89,6 +89,9 @@ class _Segment:
     error: str | None = None                # why the request failed
     fault: bool = False                     # ... through the replica (else it was refused)
     prompt_tokens: int = 0
+    resume: bool = False                    # a resumed generation's segment on its home
+    cached: int = 0                         # prompt tokens the replica's prefix cache served:
+    measured: bool = False                  # ... read from its counters, else estimated
     started: float = field(default_factory=time.monotonic)
     last: float = field(default_factory=time.monotonic)     # when something last arrived
     future: concurrent.futures.Future[None] | None = None
@@ -125,6 +128,7 @@ class Replica:
     running: set[str] = field(default_factory=set)
     admitted: set[str] = field(default_factory=set)   # joined since its last /metrics
     probing: bool = False
+    streams: int = 0                        # requests in flight
 
 
 class VllmServerEngine(RealEngine[_Generation]):
@@ -150,6 +154,7 @@ class VllmServerEngine(RealEngine[_Generation]):
         retry_s: float = 1.0,
         retry_max_s: float = 30.0,
         metrics_s: float = 0.25,
+        measure_cache: bool = False,
     ) -> None:
         """Args:
             model: a local Hugging Face model folder: the servers' model (its tokenizer
@@ -169,6 +174,11 @@ class VllmServerEngine(RealEngine[_Generation]):
             retry_s: first wait before a failed replica is probed again (doubling).
             retry_max_s: longest wait between probes.
             metrics_s: how often each replica's ``/metrics`` (KV usage) is read.
+            measure_cache: read a replica's prefix-cache counters before a request that is
+                alone on it and at its first token: the prompt tokens its cache served,
+                measured (vLLM reports them only at a stream's end, which a cut segment never
+                reaches); else estimated as the kept ids' full blocks. Two ``/metrics`` reads
+                per such request: for seg-overhead and the tests.
 
         Raises:
             EngineError: no endpoint, httpx missing, the tokenizer cannot be read, no server
@@ -203,6 +213,7 @@ class VllmServerEngine(RealEngine[_Generation]):
         self.retry_s = retry_s
         self.retry_max_s = retry_max_s
         self.metrics_s = metrics_s
+        self.measure_cache = measure_cache
         self._arrived = threading.Condition()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name='vllm-server-io',
@@ -214,6 +225,9 @@ class VllmServerEngine(RealEngine[_Generation]):
         self._metrics_task: concurrent.futures.Future[None] | None = None
         # statistics of the pool's own (the shared ones are RealEngine's)
         self.resumes = 0
+        self.resume_prompt_tokens = 0    # prompt tokens of resumed segments on their home
+        self.resume_cached_tokens = 0    # ... of them served from the prefix cache
+        self.resume_measured = 0         # resumes whose cached tokens were measured
         self.trimmed_tokens = 0          # arrived past a boundary, dropped
         self.moves = 0                   # generations re-placed after their replica failed
         self.requests = 0
@@ -445,6 +459,7 @@ class VllmServerEngine(RealEngine[_Generation]):
         """Submit the joining generations' segment requests (closing the masked-out ones'),
         wait until one of the running generations has news or ``stall_s`` passes, then hand
         out one token per generation, the ends, and the failures."""
+        self._probe_due()
         active = [r for r in self._running if only is None or r in only] or list(self._running)
         forward = ForwardPass(batch_size=len(active))
         for request_id in list(self._running):
@@ -472,7 +487,7 @@ class VllmServerEngine(RealEngine[_Generation]):
                 drained = not segment.ids
             if segment.joined and (token is not None or segment.finish is not None):
                 segment.joined = False
-                forward.prefill_tokens += segment.prompt_tokens
+                self._count_join(forward, segment)
             if token is not None:
                 self._hand_out(forward, generation, token)
             if request_id in forward.finished:
@@ -487,6 +502,15 @@ class VllmServerEngine(RealEngine[_Generation]):
         forward.prefill = bool(forward.prefill_tokens) and not forward.text
         forward.decoded = bool(forward.text)
         return forward
+
+    def _count_join(self, forward: ForwardPass, segment: _Segment) -> None:
+        """A segment's first output: its prompt's prefilled and cached tokens."""
+        forward.prefill_tokens += segment.prompt_tokens - segment.cached
+        self._pending_cached += segment.cached
+        if segment.resume:
+            self.resume_prompt_tokens += segment.prompt_tokens
+            self.resume_cached_tokens += segment.cached
+            self.resume_measured += segment.measured
 
     def _hand_out(self, forward: ForwardPass, generation: _Generation, token: int) -> None:
         request_id = generation.request.request_id
@@ -567,21 +591,19 @@ class VllmServerEngine(RealEngine[_Generation]):
                 'max_tokens': request.max_tokens, 'end_within': request.end_within,
                 'repetition_penalty': request.repetition_penalty})}
         prompt = generation.ids()
-        # the tokens the replica prefills: all of them first, or after its home failed; on a
-        # resume its prefix cache holds the kept ids' full blocks (vLLM reports the request's
-        # cached tokens only at its stream's end, which a cut segment never reaches)
-        prefill = len(prompt)
+        segment = _Segment(index, prompt_tokens=len(prompt))
+        # estimated, unless measured (measure_cache): nothing cached first, or after its home
+        # failed; on a resume, the kept ids' full blocks
         if generation.segments and generation.location == 'none':
             self._count_recompute(generation)
         elif generation.segments:
             self.resumes += 1
             block = self.replicas[index].block_size
-            prefill = len(prompt) % block or block
-            self._pending_cached += len(prompt) - prefill
+            segment.resume = True
+            segment.cached = len(prompt) - (len(prompt) % block or block)
         generation.segments += 1
         generation.location = 'device'
         self.requests += 1
-        segment = _Segment(index, prompt_tokens=prefill)
         body = self._body(prompt, remaining, generation.seq, xargs)
         body['request_id'] = f'{request.request_id}#{generation.segments}-{self.requests}'
         generation.segment = segment
@@ -591,6 +613,10 @@ class VllmServerEngine(RealEngine[_Generation]):
     async def _stream(self, replica: Replica, segment: _Segment, body: dict[str, Any]) -> None:
         """Read one segment's stream into its segment (on the event loop's thread)."""
         httpx = self._httpx
+        before = None
+        if self.measure_cache and replica.streams == 0:
+            before = await self._prefix_counters(replica)
+        replica.streams += 1
         try:
             async with self._client.stream('POST', replica.url + '/v1/completions',
                                            json=body) as response:
@@ -605,6 +631,13 @@ class VllmServerEngine(RealEngine[_Generation]):
                     data = line[5:].strip()
                     if data == '[DONE]':
                         break
+                    if before is not None:       # the first chunk: the request was served
+                        after = await self._prefix_counters(replica)
+                        if after is not None and replica.streams == 1:
+                            hits, queries = after[0] - before[0], after[1] - before[1]
+                            if queries == segment.prompt_tokens:
+                                segment.cached, segment.measured = int(hits), True
+                        before = None
                     self._read_chunk(segment, json.loads(data))
                     if segment.error is not None:
                         return
@@ -615,6 +648,18 @@ class VllmServerEngine(RealEngine[_Generation]):
             raise                                   # a cut: the stream is closed
         except (httpx.HTTPError, OSError, ValueError) as err:
             self._arrive(segment, error=_describe(err), fault=True)
+        finally:
+            replica.streams -= 1
+
+    async def _prefix_counters(self, replica: Replica) -> tuple[float, float] | None:
+        """A replica's prefix-cache (hits, queries) in tokens now (None: not readable)."""
+        try:
+            response = await self._client.get(replica.url + '/metrics',
+                                              timeout=self.connect_timeout_s)
+            figures = server_metrics(response.text)
+            return figures['prefix_cache_hits'], figures['prefix_cache_queries']
+        except (self._httpx.HTTPError, OSError, ValueError, KeyError):
+            return None
 
     def _read_chunk(self, segment: _Segment, chunk: dict[str, Any]) -> None:
         if 'error' in chunk:
@@ -724,19 +769,23 @@ class VllmServerEngine(RealEngine[_Generation]):
 
     @property
     def resume_stats(self) -> dict[str, float]:
-        """Resumes, tokens dropped past boundaries, moves, and the servers' prefix-cache hit
-        rate over this engine's life (vLLM counts it over every prompt, resumes included:
-        it does not report a request's cached tokens until its stream's end, which a cut
-        segment never reaches)."""
+        """Resumes on their home replica and the share of their prompt tokens its prefix cache
+        served (``prefix_reuse``; measured for ``resumes_measured`` of them, the others
+        estimated: see ``measure_cache``), tokens dropped past boundaries, generations moved
+        off a failed replica, and the servers' own prefix-cache hit rate over every prompt
+        since this engine started."""
         self._call(self._read_all_metrics(), timeout=3 * self.connect_timeout_s + 5)
         hits = sum(r.prefix_hits - b[0] for r, b in zip(self.replicas, self._baseline,
                                                         strict=False))
         queries = sum(r.prefix_queries - b[1] for r, b in zip(self.replicas, self._baseline,
                                                               strict=False))
-        return {'resumes': self.resumes, 'trimmed_tokens': self.trimmed_tokens,
-                'moves': self.moves, 'prefix_cache_hits': hits,
-                'prefix_cache_queries': queries,
-                'prefix_reuse': hits / queries if queries else 0.0}
+        reuse = (self.resume_cached_tokens / self.resume_prompt_tokens
+                 if self.resume_prompt_tokens else 0.0)
+        return {'resumes': self.resumes, 'resumes_measured': self.resume_measured,
+                'resume_prompt_tokens': self.resume_prompt_tokens,
+                'resume_cached_tokens': self.resume_cached_tokens, 'prefix_reuse': reuse,
+                'trimmed_tokens': self.trimmed_tokens, 'moves': self.moves,
+                'server_prefix_hit_rate': hits / queries if queries else 0.0}
 
     def behaviour(self) -> EngineBehaviour:
         return EngineBehaviour(resume='new_request_prefix_cache', prompt_cache='blocks')
