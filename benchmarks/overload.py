@@ -106,7 +106,8 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
 
 def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_POLICIES,
                  burst_s: float = DEFAULT_BURST_S, tasks_per_robot: int = 1,
-                 prefix_caching: bool = True, replicas: int = 1) -> dict[str, Any]:
+                 prefix_caching: bool = True, replicas: int = 1,
+                 request_latency_s: float = 0.0) -> dict[str, Any]:
     """Run every policy on the same overload burst; the figures of each, side by side.
 
     Args:
@@ -117,6 +118,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
         tasks_per_robot: goals each robot sends within the burst.
         prefix_caching: whether the simulated engine shares the robot prompt's KV.
         replicas: simulated engines behind one queue (a replica pool).
+        request_latency_s: the network's share of each segment request to a replica.
 
     Returns:
         ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'policies':
@@ -126,7 +128,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     tasks = overload_tasks(robots, seed, burst_s=burst_s, tasks_per_robot=tasks_per_robot)
     figures = {policy: policy_figures(simulate(
         tasks, policy, seed=seed,
-        engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas).build()))
+        engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas,
+                             request_latency_s=request_latency_s).build()))
         for policy in policies}
     ratio = None
     if 'vllm' in figures and 'timelyllm' in figures and figures['vllm']['goals_per_s'] > 0:
@@ -134,6 +137,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     return {'robots': robots, 'seed': seed, 'tasks': len(tasks), 'burst_s': burst_s,
             'tasks_per_robot': tasks_per_robot, 'prefix_caching': prefix_caching,
             'replicas': replicas,
+            'request_latency_s': request_latency_s,
             'policies': figures,
             'throughput_ratio': ratio}
 
@@ -170,12 +174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='engine without prefix caching (every prompt fully prefilled)')
     parser.add_argument('--replicas', type=int, default=1,
                         help='simulated engines behind one queue (a replica pool)')
+    parser.add_argument('--request-latency-ms', type=float, default=0.0,
+                        help="the network's share of each segment request to a replica")
     parser.add_argument('--json', action='store_true', help='print the figures as JSON')
     args = parser.parse_args(argv)
     report = run_overload(args.robots, args.seed,
                           policies=[p for p in args.policies.split(',') if p],
                           burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
-                          prefix_caching=not args.no_prefix_cache, replicas=args.replicas)
+                          prefix_caching=not args.no_prefix_cache, replicas=args.replicas,
+                          request_latency_s=args.request_latency_ms / 1000)
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0
 

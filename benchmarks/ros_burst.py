@@ -10,7 +10,7 @@ feedback is reported done at once (a default-QoS publisher). It prints how many 
 answered, how many ended and how, and the time to the last result: what a user's client with
 rclpy's defaults (10 responses and 10 feedback messages kept) sees under a burst, and how the
 planner loop kept up with its engine (``scheduler_state``: the engine's share of the loop's wall
-time and the longest it waited for one iteration).
+time and the longest it waited for one iteration; a pool engine's replicas, up or down).
 """
 
 from __future__ import annotations
@@ -107,6 +107,11 @@ def main() -> None:
         print(f'planner loop: {state.loop_iterations} iterations ran the engine; the engine '
               f'had {state.engine_share:.1%} of their wall time; the longest it waited for '
               f'one iteration: {state.loop_overhead_max_s * 1e3:.1f} ms')
+        for name, up, running, usage, error in zip(
+                state.replica_names, state.replica_up, state.replica_running,
+                state.replica_kv_usage, state.replica_errors, strict=True):
+            print(f'replica {name}: {"up" if up else "DOWN"}, {running} running, KV '
+                  f'{usage:.1%}' + (f', last error: {error}' if error else ''))
     node.destroy_node()
     rclpy.try_shutdown()
 

@@ -187,3 +187,56 @@ def test_a_generation_that_never_ran_is_handled_like_one_engine_handles_it() -> 
         engine.release('q')
         with pytest.raises(EngineError, match='unknown request'):
             engine.pause('q')
+
+
+def test_a_request_latency_delays_each_segment_request() -> None:
+    """With a request latency L, a generation holds its slot at once but joins its replica's
+    iterations L later, at every segment request: one generation paused once ends 2 L later
+    than without; the plan is the same."""
+    from timelyllm_ros.engines.base import EngineRequest
+
+    def run(latency: float) -> tuple[float, str]:
+        pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()],
+                                 request_latency_s=latency)
+        pool.register(EngineRequest('g', 'p', 200, 64, script=('mf(50)', ';', 'ld()')))
+        pool.run('g')
+        assert pool.running == ('g',)                  # its slot is held while in flight
+        elapsed, text, paused = 0.0, '', False
+        while 'g' in pool.running:
+            result = pool.step()
+            elapsed += result.duration_s
+            text += result.text.get('g', '')
+            if text == 'mf(50)' and not paused:
+                pool.pause('g')
+                pool.run('g')
+                paused = True
+        return elapsed, text
+
+    base, plan = run(0.0)
+    delayed, same = run(0.05)
+    assert same == plan == 'mf(50);ld()'
+    assert delayed == pytest.approx(base + 2 * 0.05, abs=1e-9)
+    with pytest.raises(Exception, match='request_latency_s must be >= 0'):
+        SimulatedReplicas([SimulatedEngine()], request_latency_s=-1)
+    with pytest.raises(ConfigError, match='replica pool'):
+        EngineOptions(request_latency_s=0.01).build()
+
+
+def test_overload_over_replicas_with_a_request_latency() -> None:
+    """benchmarks/overload.py's fleet over two replicas 20 ms away: every goal is still
+    completed, later than over replicas next door, and the latency is reported."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / 'benchmarks' / 'overload.py'
+    spec = importlib.util.spec_from_file_location('overload_bench', path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    near, far = (module.run_overload(60, 0, policies=['timelyllm'], replicas=2,
+                                     request_latency_s=latency) for latency in (0.0, 0.02))
+    assert far['replicas'] == 2 and far['request_latency_s'] == 0.02
+    near_run, far_run = near['policies']['timelyllm'], far['policies']['timelyllm']
+    assert near_run['completed'] == far_run['completed'] == 60
+    # a first segment's request goes out once: its response is at least that much later
+    assert far_run['response_p50_s'] >= near_run['response_p50_s'] + 0.01

@@ -62,7 +62,8 @@ def _engine_options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     return EngineOptions(args.calibration, not args.no_prefix_cache, args.engine,
                          tuple(_engine_option_values(args).items()),
-                         replicas=getattr(args, 'replicas', 1))
+                         replicas=getattr(args, 'replicas', 1),
+                         request_latency_s=getattr(args, 'request_latency_ms', 0.0) / 1000)
 
 
 def _engine_option_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -574,6 +575,10 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--replicas', type=int_arg(1, 64), default=1, metavar='N',
                         help='N simulated engines behind one queue and scheduler (a replica '
                              'pool: each generation stays on the replica it started on)')
+    parser.add_argument('--request-latency-ms', type=float_arg(0.0), default=0.0, metavar='MS',
+                        help="with --replicas: the network's share of each segment request "
+                             '(to the replica and the first token back), as a pool of vllm '
+                             'serve replicas has')
     parser.add_argument('--tasks', type=int_arg(1), default=None, metavar='N',
                         help='only the first N tasks by arrival (scale down for a slow engine)')
     _add_engine_args(parser, default_force=True)

@@ -60,7 +60,7 @@ class SimulatedReplicas(Engine):
     """N simulated engines of the same settings, as one."""
 
     def __init__(self, replicas: Sequence[SimulatedEngine], soon_s: float = 1.0,
-                 segment_tokens: int = 10) -> None:
+                 segment_tokens: int = 10, request_latency_s: float = 0.0) -> None:
         """Args:
             replicas: the engines, of the same settings.
             soon_s: a request whose zero-utility time is at most this goes to the replica
@@ -72,9 +72,18 @@ class SimulatedReplicas(Engine):
                 replica's either way.
             segment_tokens: tokens of a first segment, for when it would be done on a
                 replica (the drones' l_max, the paper's 10).
+            request_latency_s: the network's share of each segment request (the vllm-server
+                engine's HTTP requests: the request's way to its replica and the first
+                token's way back): a generation that runs holds its batch slot and KV but
+                joins its replica's iterations only this long after.
         """
         if not replicas:
             raise EngineError('a replica pool needs at least one replica')
+        if request_latency_s < 0:
+            raise EngineError(f'request_latency_s must be >= 0, got {request_latency_s}')
+        self.request_latency_s = request_latency_s
+        self._arrives: dict[str, float] = {}      # request id -> when its segment request
+                                                  # reaches its replica (in flight until then)
         self.replicas = tuple(replicas)
         self.soon_s = soon_s
         self.segment_tokens = segment_tokens
@@ -152,14 +161,19 @@ class SimulatedReplicas(Engine):
         return self._placed(request_id).run_cost_s(request_id)
 
     def run(self, request_id: str) -> None:
-        self._placed(request_id).run(request_id)
+        replica = self._placed(request_id)
+        joining = request_id not in replica.running
+        replica.run(request_id)
         self._ran.add(request_id)
+        if joining and self.request_latency_s > 0:
+            self._arrives[request_id] = self._clock + self.request_latency_s
         prefix = self._requests[request_id].prefix_id
         if prefix is not None:
             self._prefixes[self._registered[request_id]].add(prefix)
 
     def pause(self, request_id: str) -> None:
         self._placed(request_id).pause(request_id)
+        self._arrives.pop(request_id, None)
 
     def release(self, request_id: str) -> None:
         self._known(request_id)
@@ -167,6 +181,7 @@ class SimulatedReplicas(Engine):
         if index is not None:
             self.replicas[index].release(request_id)
         self._ran.discard(request_id)
+        self._arrives.pop(request_id, None)
         self._requests.pop(request_id, None)
 
     def evict(self, request_id: str, to: EvictTo) -> None:
@@ -176,13 +191,19 @@ class SimulatedReplicas(Engine):
         self._placed(request_id).compress_kv(request_id, evict_ratio)
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
+        self._arrives = {r: t for r, t in self._arrives.items() if t > self._clock}
         for index, replica in enumerate(self.replicas):
             if index not in self._ends and replica.running:
                 mask = self._mask(replica, only)
                 if mask is None or mask:
                     self._ends[index] = (self._clock, replica.next_iteration(mask).duration_s)
         if not self._ends:
-            return StepResult(duration_s=0.0)
+            if not self._arrives:
+                return StepResult(duration_s=0.0)
+            # every running generation's request is still on its way: wait for the first
+            arrival = min(self._arrives.values())
+            gap, self._clock = arrival - self._clock, arrival
+            return StepResult(duration_s=gap)
         end = min(start + length for start, length in self._ends.values())
         ending = sorted(i for i, (start, length) in self._ends.items() if start + length == end)
         # the time since the previous step: an iteration that began then is exactly its length
@@ -209,10 +230,13 @@ class SimulatedReplicas(Engine):
             merged.failed.update(result.failed)
         return merged
 
-    @staticmethod
-    def _mask(replica: Engine, only: Collection[str] | None) -> list[str] | None:
-        """A decode mask's part on one replica (None: no mask; empty: none of its own)."""
-        return None if only is None else [r for r in replica.running if r in only]
+    def _mask(self, replica: Engine, only: Collection[str] | None) -> list[str] | None:
+        """A decode mask's part on one replica, without the generations whose request has
+        not reached it yet (None: no mask; empty: none of its own)."""
+        if only is None and not self._arrives:
+            return None
+        return [r for r in replica.running
+                if (only is None or r in only) and r not in self._arrives]
 
     def decode_step_s(self, batch_size: int) -> float:
         share = max(1, math.ceil(batch_size / len(self.replicas)))

@@ -57,6 +57,7 @@ class EngineOptions:
     name: str = 'sim'                               # engine name for create_engine
     options: tuple[tuple[str, object], ...] = ()    # extra keyword options of a real engine
     replicas: int = 1                               # simulated replicas behind one queue
+    request_latency_s: float = 0.0                  # ... the network's share of a request
 
     def build(self) -> Engine:
         """The engine, through :func:`~timelyllm_ros.engines.create_engine` (EngineError for an
@@ -69,6 +70,9 @@ class EngineOptions:
         """
         if self.replicas < 1:
             raise ConfigError(f'replicas must be >= 1, got {self.replicas}')
+        if self.request_latency_s and self.replicas == 1:
+            raise ConfigError('a request latency is modelled for a replica pool (--replicas '
+                              '2 or more)')
         if self.replicas > 1 and not issubclass(engine_class(self.name), SimulatedEngine):
             raise ConfigError(f'--replicas simulates replicas of the calibrated simulator; '
                               f'engine {self.name} runs one')
@@ -79,7 +83,8 @@ class EngineOptions:
             options['prefix_caching'] = False
         engines = [create_engine(self.name, **options) for _ in range(self.replicas)]
         engine = engines[0] if len(engines) == 1 else SimulatedReplicas(
-            [e for e in engines if isinstance(e, SimulatedEngine)])
+            [e for e in engines if isinstance(e, SimulatedEngine)],
+            request_latency_s=self.request_latency_s)
         engine.warmup()          # first-call allocations stay out of the measured run
         return engine
 
@@ -90,6 +95,7 @@ class EngineOptions:
             described['calibration'] = self.calibration or 'default'
         if self.replicas > 1:
             described['replicas'] = self.replicas
+            described['request_latency_s'] = self.request_latency_s
         return {**described, 'prefix_caching': self.prefix_caching, **dict(self.options)}
 
 
