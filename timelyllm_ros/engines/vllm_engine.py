@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import time
+from abc import abstractmethod
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -68,7 +69,7 @@ from timelyllm_ros.engines.kept import (
     penalize_rows,
     unmasked_choice,
 )
-from timelyllm_ros.engines.real import ForwardPass, RealEngine
+from timelyllm_ros.engines.real import ForwardPass, G, RealEngine
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -423,14 +424,90 @@ def free_vllm_memory() -> None:
         pass
 
 
-class VllmEngine(RealEngine[_Generation]):
+class SegmentRequestEngine(RealEngine[G]):
+    """What the two vLLM engines share, in process and over ``vllm serve``: one vLLM request
+    per segment over the kept token ids; prompts, chat turns and text through the model's
+    Hugging Face tokenizer; plans decoded by this module's logits processor, whose arguments
+    for one segment :meth:`segment_decoding` gives."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
+    tokenizer: Any
+    chat_template: bool
+    in_engine_decoding: bool        # plans go through the processor (else vLLM's own greedy)
+    eos_id: int | None
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _prompt_ids(self, request: EngineRequest) -> list[int]:
+        if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
+                                                               None):
+            return chat_prompt_ids(self.tokenizer, request.messages)
+        return list(self.tokenizer.encode(request.prompt))
+
+    def supports(self, capability: Capability) -> bool:
+        """Grammars only where plans are decoded through the logits processor."""
+        if capability == 'grammar' and not self.in_engine_decoding:
+            return False
+        return super().supports(capability)
+
+    def _grammar(self, gbnf: str) -> None:
+        """The grammar runs in the logits processor (rebuilt per segment): it is compiled here
+        only to refuse a bad one at registration.
+
+        Raises:
+            EngineError: the engine was built with ``grammar=False``, or the grammar is bad.
+        """
+        if not self.in_engine_decoding:
+            super()._grammar(gbnf)
+        self._grammar_tokenizer().grammar(gbnf)
+
+    @abstractmethod
+    def _grammar_tokenizer(self) -> LlguidanceTokenizer:
+        """The tokenizer as llguidance reads it."""
+
+    def _detokenizer(self, prompt_tokens: int) -> WindowDetokenizer:
+        return WindowDetokenizer(
+            lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)), prompt_tokens)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        known = self.latency.decode_s
+        if batch_size in known:
+            return known[batch_size]
+        if not known:
+            return 0.02
+        nearest = min(known, key=lambda b: abs(b - batch_size))
+        return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)
+
+    def segment_decoding(self, generation: KeptTokens) -> tuple[int, list[int] | None,
+                                                                dict[str, Any] | None]:
+        """A segment request's token limit and what the logits processor needs for it: the
+        forced ids still to come (then EOS), or a plan's decoding (its grammar, the output
+        ids kept before the segment, the repetition penalty, the early end); neither (None,
+        None) where vLLM chooses the greedy token itself."""
+        request = generation.request
+        remaining = min(request.max_tokens - len(generation.output_ids),
+                        self.max_context - generation.total)
+        if generation.forced is not None:
+            forced = generation.forced[len(generation.output_ids):] + (
+                [self.eos_id] if self.eos_id is not None else [])
+            return max(1, min(remaining, len(forced))), forced, None
+        decoding = None
+        if self.in_engine_decoding and (request.grammar is not None
+                                        or request.repetition_penalty != 1.0):
+            decoding = {'grammar': request.grammar, 'kept': list(generation.output_ids),
+                        'max_tokens': request.max_tokens, 'end_within': request.end_within,
+                        'repetition_penalty': request.repetition_penalty}
+        return max(1, remaining), None, decoding
+
+
+class VllmEngine(SegmentRequestEngine[_Generation]):
     """vLLM v1 ``LLMEngine``: one request per segment, resumes through the prefix cache."""
 
     # KV placement (and preemption) stays with vLLM, so ``evict`` raises. Grammars go through
     # this engine's logits processor (llguidance), not vLLM's structured outputs: vLLM would
     # start each resumed segment's grammar at its root. Built with grammar=False, the engine
     # has no 'grammar' capability (see supports()).
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
     backend_name: ClassVar[str] = 'vllm'
 
     def __init__(
@@ -526,32 +603,6 @@ class VllmEngine(RealEngine[_Generation]):
         self.hardware = self._hardware()
 
     # -- Engine interface ------------------------------------------------------------------
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _prompt_ids(self, request: EngineRequest) -> list[int]:
-        if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
-                                                               None):
-            return chat_prompt_ids(self.tokenizer, request.messages)
-        return list(self.tokenizer.encode(request.prompt))
-
-    def supports(self, capability: Capability) -> bool:
-        """Grammars only where this engine decodes through its logits processor."""
-        if capability == 'grammar' and not self.in_engine_decoding:
-            return False
-        return super().supports(capability)
-
-    def _grammar(self, gbnf: str) -> None:
-        """The grammar runs in this engine's logits processor (rebuilt per segment): it is
-        compiled here only to refuse a bad one at registration.
-
-        Raises:
-            EngineError: the engine was built with ``grammar=False``, or the grammar is bad.
-        """
-        if not self.in_engine_decoding:
-            super()._grammar(gbnf)
-        self._grammar_tokenizer().grammar(gbnf)
-
     def _forced_ids(self, request: EngineRequest) -> list[int] | None:
         """The script to force (see :meth:`RealEngine._forced_ids`).
 
@@ -567,10 +618,8 @@ class VllmEngine(RealEngine[_Generation]):
 
     def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
                         forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
-        generation = _Generation(
-            request, prompt_ids, forced, seq=self._seq, detokenizer=WindowDetokenizer(
-                lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
-                len(prompt_ids)))
+        generation = _Generation(request, prompt_ids, forced, seq=self._seq,
+                                 detokenizer=self._detokenizer(len(prompt_ids)))
         self._seq += 1
         return generation
 
@@ -608,15 +657,6 @@ class VllmEngine(RealEngine[_Generation]):
 
     def _released(self, generation: _Generation) -> None:
         self._paused(generation)
-
-    def decode_step_s(self, batch_size: int) -> float:
-        known = self.latency.decode_s
-        if batch_size in known:
-            return known[batch_size]
-        if not known:
-            return 0.02
-        nearest = min(known, key=lambda b: abs(b - batch_size))
-        return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)
 
     def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
         """One ``LLMEngine.step()`` (its time is the iteration's), after submitting the
@@ -787,24 +827,14 @@ class VllmEngine(RealEngine[_Generation]):
 
     def _submit(self, generation: _Generation) -> None:
         request = generation.request
-        remaining = request.max_tokens - len(generation.output_ids)
-        remaining = min(remaining, self.max_context - len(generation.ids()))
+        remaining, forced, decoding = self.segment_decoding(generation)
         extra: dict[str, Any] | None = None
-        if generation.forced is None and self.in_engine_decoding and (
-                request.grammar is not None or request.repetition_penalty != 1.0):
-            extra = {DECODING_KEY: {
-                'engine': self._decoder_key, 'grammar': request.grammar,
-                'kept': list(generation.output_ids), 'max_tokens': request.max_tokens,
-                'end_within': request.end_within,
-                'repetition_penalty': request.repetition_penalty}}
-        if generation.forced is not None:
-            done = len(generation.output_ids)
-            forced = generation.forced[done:] + ([self.eos_id] if self.eos_id is not None
-                                                  else [])
+        if forced is not None:
             extra = {FORCED_KEY: forced}
-            remaining = min(remaining, len(forced))
+        elif decoding is not None:
+            extra = {DECODING_KEY: {**decoding, 'engine': self._decoder_key}}
         params = self._SamplingParams(
-            temperature=0.0, max_tokens=max(1, remaining), detokenize=False,
+            temperature=0.0, max_tokens=remaining, detokenize=False,
             output_kind=self._delta, extra_args=extra)
         generation.segments += 1
         vllm_id = f'{request.request_id}#{generation.segments}'

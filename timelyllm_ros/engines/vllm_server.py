@@ -55,17 +55,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from timelyllm_ros.engines.base import (
-    Capability,
     EngineBehaviour,
     EngineRequest,
     EngineStats,
     ReplicaState,
 )
 from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
-from timelyllm_ros.engines.kept import KeptTokens, WindowDetokenizer, chat_prompt_ids
-from timelyllm_ros.engines.real import ForwardPass, RealEngine
+from timelyllm_ros.engines.kept import KeptTokens
+from timelyllm_ros.engines.real import ForwardPass
 from timelyllm_ros.engines.replicas import replica_rank
-from timelyllm_ros.engines.vllm_engine import DECODING_KEY, FORCED_KEY
+from timelyllm_ros.engines.vllm_engine import DECODING_KEY, FORCED_KEY, SegmentRequestEngine
 from timelyllm_ros.errors import EngineError
 
 logger = logging.getLogger(__name__)
@@ -131,10 +130,9 @@ class Replica:
     streams: int = 0                        # requests in flight
 
 
-class VllmServerEngine(RealEngine[_Generation]):
+class VllmServerEngine(SegmentRequestEngine[_Generation]):
     """A pool of ``vllm serve`` endpoints: one request per segment, streamed."""
 
-    capabilities: ClassVar[frozenset[Capability]] = frozenset({'grammar', 'tokenizer'})
     backend_name: ClassVar[str] = 'vllm-server'
 
     def __init__(
@@ -220,7 +218,7 @@ class VllmServerEngine(RealEngine[_Generation]):
                                         daemon=True)
         self._thread.start()
         self._client: Any = None
-        self._grammar_tokenizer: LlguidanceTokenizer | None = None
+        self._llguidance: LlguidanceTokenizer | None = None
         self._seq = 0
         self._metrics_task: concurrent.futures.Future[None] | None = None
         # statistics of the pool's own (the shared ones are RealEngine's)
@@ -327,42 +325,15 @@ class VllmServerEngine(RealEngine[_Generation]):
         return response.json()
 
     # -- the backend ------------------------------------------------------------------------
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _prompt_ids(self, request: EngineRequest) -> list[int]:
-        if request.messages and self.chat_template and getattr(self.tokenizer, 'chat_template',
-                                                               None):
-            return chat_prompt_ids(self.tokenizer, request.messages)
-        return list(self.tokenizer.encode(request.prompt))
-
-    def supports(self, capability: Capability) -> bool:
-        """Grammars only where the servers decode through this package's processor."""
-        if capability == 'grammar' and not self.in_engine_decoding:
-            return False
-        return super().supports(capability)
-
-    def _grammar(self, gbnf: str) -> None:
-        """The grammar runs in the servers' processor; here it is only checked to refuse a bad
-        one at registration (llguidance, where installed; the server refuses it otherwise).
-
-        Raises:
-            EngineError: the engine was built with ``grammar=False``, or the grammar is bad.
-        """
-        if not self.in_engine_decoding:
-            super()._grammar(gbnf)
-        if self._grammar_tokenizer is None:
-            self._grammar_tokenizer = LlguidanceTokenizer.from_hf(
-                self.tokenizer, sorted(self.eos_ids))
-        self._grammar_tokenizer.grammar(gbnf)
-        return None
+    def _grammar_tokenizer(self) -> LlguidanceTokenizer:
+        if self._llguidance is None:
+            self._llguidance = LlguidanceTokenizer.from_hf(self.tokenizer, sorted(self.eos_ids))
+        return self._llguidance
 
     def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
                         forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
-        generation = _Generation(
-            request, prompt_ids, forced, seq=self._seq, detokenizer=WindowDetokenizer(
-                lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)),
-                len(prompt_ids)))
+        generation = _Generation(request, prompt_ids, forced, seq=self._seq,
+                                 detokenizer=self._detokenizer(len(prompt_ids)))
         self._seq += 1
         return generation
 
@@ -445,14 +416,10 @@ class VllmServerEngine(RealEngine[_Generation]):
             replica.admitted.discard(generation.request.request_id)
 
     def decode_step_s(self, batch_size: int) -> float:
-        known = self.latency.decode_s
-        share = max(1, math.ceil(batch_size / max(1, sum(r.up for r in self.replicas))))
-        if share in known:
-            return known[share]
-        if not known:
-            return 0.02
-        nearest = min(known, key=lambda b: abs(b - share))
-        return float(known[nearest] * max(1.0, share / nearest) ** 0.1)
+        """A step of a replica holding an even share of the batch (the replicas iterate side
+        by side)."""
+        up = max(1, sum(r.up for r in self.replicas))
+        return super().decode_step_s(max(1, math.ceil(batch_size / up)))
 
     # -- the step ---------------------------------------------------------------------------
     def _forward_pass(self, only: Collection[str] | None) -> ForwardPass:
@@ -575,21 +542,12 @@ class VllmServerEngine(RealEngine[_Generation]):
         request = generation.request
         index = generation.home
         assert index is not None
-        remaining = min(request.max_tokens - len(generation.output_ids),
-                        self.max_context - generation.total)
+        remaining, forced, decoding = self.segment_decoding(generation)
         xargs: dict[str, Any] | None = None
-        if generation.forced is not None:
-            done = len(generation.output_ids)
-            forced = generation.forced[done:] + ([self.eos_id] if self.eos_id is not None
-                                                  else [])
+        if forced is not None:
             xargs = {FORCED_KEY: forced}
-            remaining = min(remaining, len(forced))
-        elif self.in_engine_decoding and (request.grammar is not None
-                                          or request.repetition_penalty != 1.0):
-            xargs = {DECODING_KEY: json.dumps({
-                'grammar': request.grammar, 'kept': generation.output_ids,
-                'max_tokens': request.max_tokens, 'end_within': request.end_within,
-                'repetition_penalty': request.repetition_penalty})}
+        elif decoding is not None:     # vllm_xargs take text and numbers: the dict as JSON
+            xargs = {DECODING_KEY: json.dumps(decoding)}
         prompt = generation.ids()
         segment = _Segment(index, prompt_tokens=len(prompt))
         # estimated, unless measured (measure_cache): nothing cached first, or after its home
