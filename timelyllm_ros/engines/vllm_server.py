@@ -91,6 +91,7 @@ class _Segment:
     resume: bool = False                    # a resumed generation's segment on its home
     cached: int = 0                         # prompt tokens the replica's prefix cache served:
     measured: bool = False                  # ... read from its counters, else estimated
+    alone: bool = False                     # the only request in flight on its replica
     started: float = field(default_factory=time.monotonic)
     last: float = field(default_factory=time.monotonic)     # when something last arrived
     future: concurrent.futures.Future[None] | None = None
@@ -127,7 +128,6 @@ class Replica:
     running: set[str] = field(default_factory=set)
     admitted: set[str] = field(default_factory=set)   # joined since its last /metrics
     probing: bool = False
-    streams: int = 0                        # requests in flight
 
 
 class VllmServerEngine(SegmentRequestEngine[_Generation]):
@@ -549,7 +549,9 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         elif decoding is not None:     # vllm_xargs take text and numbers: the dict as JSON
             xargs = {DECODING_KEY: json.dumps(decoding)}
         prompt = generation.ids()
-        segment = _Segment(index, prompt_tokens=len(prompt))
+        segment = _Segment(index, prompt_tokens=len(prompt), alone=self.measure_cache and not any(
+            g.segment is not None and g.segment.replica == index
+            for g in self._generations.values()))
         # estimated, unless measured (measure_cache): nothing cached first, or after its home
         # failed; on a resume, the kept ids' full blocks
         if generation.segments and generation.location == 'none':
@@ -571,10 +573,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
     async def _stream(self, replica: Replica, segment: _Segment, body: dict[str, Any]) -> None:
         """Read one segment's stream into its segment (on the event loop's thread)."""
         httpx = self._httpx
-        before = None
-        if self.measure_cache and replica.streams == 0:
-            before = await self._prefix_counters(replica)
-        replica.streams += 1
+        before = await self._prefix_counters(replica) if segment.alone else None
         try:
             async with self._client.stream('POST', replica.url + '/v1/completions',
                                            json=body) as response:
@@ -590,11 +589,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                     if data == '[DONE]':
                         break
                     if before is not None:       # the first chunk: the request was served
-                        after = await self._prefix_counters(replica)
-                        if after is not None and replica.streams == 1:
-                            hits, queries = after[0] - before[0], after[1] - before[1]
-                            if queries == segment.prompt_tokens:
-                                segment.cached, segment.measured = int(hits), True
+                        await self._measure(replica, segment, before)
                         before = None
                     self._read_chunk(segment, json.loads(data))
                     if segment.error is not None:
@@ -606,8 +601,19 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
             raise                                   # a cut: the stream is closed
         except (httpx.HTTPError, OSError, ValueError) as err:
             self._arrive(segment, error=_describe(err), fault=True)
-        finally:
-            replica.streams -= 1
+
+    async def _measure(self, replica: Replica, segment: _Segment,
+                       before: tuple[float, float]) -> None:
+        """The prompt tokens the replica's prefix cache served a request alone on it: the
+        counters' growth since it was sent (read again for up to 0.2 s: vLLM may publish
+        them a moment after the first token)."""
+        for _ in range(10):
+            after = await self._prefix_counters(replica)
+            if after is not None and after[1] - before[1] >= segment.prompt_tokens:
+                if after[1] - before[1] == segment.prompt_tokens:
+                    segment.cached, segment.measured = int(after[0] - before[0]), True
+                return
+            await asyncio.sleep(0.02)
 
     async def _prefix_counters(self, replica: Replica) -> tuple[float, float] | None:
         """A replica's prefix-cache (hits, queries) in tokens now (None: not readable)."""
