@@ -58,6 +58,9 @@ VENDOR_OWNERS = {
     'vllm': ('timelyllm_ros.engines.vllm_engine',),
     'llama_cpp': ('timelyllm_ros.engines.llamacpp',),
     'llguidance': ('timelyllm_ros.engines.constraint',),
+    'transformers': ('timelyllm_ros.engines',),
+    'httpx': ('timelyllm_ros.engines.vllm_server',),
+    'prometheus_client': ('timelyllm_ros.engines.vllm_server',),
 }
 
 
