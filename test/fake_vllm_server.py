@@ -34,6 +34,7 @@ class Behaviour:
     cut_after: int | None = None         # close the stream after this many tokens, unended
     stall: bool = False                  # accept a completion and send nothing
     error_chunk_after: int | None = None  # send vLLM's error chunk after this many tokens
+    torn_after: int | None = None        # send half an event after this many tokens, close
 
 
 @dataclass
@@ -170,6 +171,10 @@ class FakeVllmServer:
                     return
                 for index, token in enumerate(tokens):
                     if server._stop.is_set() or index == behaviour.cut_after:
+                        return
+                    if index == behaviour.torn_after:
+                        self.wfile.write(b'data: {"choices": [{"index": 0, "tok')
+                        self.wfile.flush()
                         return
                     if index == behaviour.error_chunk_after:
                         self._event({'error': {'message': 'EngineCore encountered an issue',

@@ -126,6 +126,26 @@ def test_start_refusals(tokenizer_folder: str, servers: list[FakeVllmServer]) ->
     unconstrained.close()
 
 
+def test_endpoints_from_a_yaml_file(tokenizer_folder: str, servers: list[FakeVllmServer],
+                                    tmp_path: Path) -> None:
+    listed = tmp_path / 'pool.yaml'
+    listed.write_text('endpoints:\n' + ''.join(f'  - {s.url}\n' for s in servers))
+    engine = _engine(tokenizer_folder, servers, endpoints=str(listed))
+    assert [r.name for r in engine.replica_states()] == [s.url for s in servers]
+    engine.close()
+    bare = tmp_path / 'bare.yml'
+    bare.write_text(f'[{servers[0].url}]\n')
+    engine = _engine(tokenizer_folder, servers, endpoints=str(bare))
+    assert len(engine.replica_states()) == 1
+    engine.close()
+    wrong = tmp_path / 'wrong.yaml'
+    wrong.write_text('endpoints: 8000\n')
+    with pytest.raises(EngineError, match='expected a list of URLs'):
+        _engine(tokenizer_folder, servers, endpoints=str(wrong))
+    with pytest.raises(EngineError, match='cannot read the endpoints file'):
+        _engine(tokenizer_folder, servers, endpoints=str(tmp_path / 'missing.yaml'))
+
+
 def test_one_server_down_at_start_is_retried(tokenizer_folder: str,
                                              servers: list[FakeVllmServer]) -> None:
     dead = 'http://127.0.0.1:9'
@@ -300,7 +320,8 @@ def test_a_replica_that_comes_back_is_used_again(tokenizer_folder: str,
     engine.close()
 
 
-@pytest.mark.parametrize('fault', ['http-500', 'cut-stream', 'error-chunk', 'stall'])
+@pytest.mark.parametrize('fault', ['http-500', 'cut-stream', 'torn-event', 'error-chunk',
+                                   'stall'])
 def test_replica_faults_preempt_and_move(fault: str, tokenizer_folder: str,
                                          plan_ids: list[int],
                                          servers: list[FakeVllmServer]) -> None:
@@ -314,6 +335,8 @@ def test_replica_faults_preempt_and_move(fault: str, tokenizer_folder: str,
         behaviour.status = 500
     elif fault == 'cut-stream':
         behaviour.cut_after = 3
+    elif fault == 'torn-event':
+        behaviour.torn_after = 2
     elif fault == 'error-chunk':
         behaviour.error_chunk_after = 2
     else:

@@ -157,7 +157,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         """Args:
             model: a local Hugging Face model folder: the servers' model (its tokenizer
                 renders prompts and reads outputs here).
-            endpoints: the servers' base URLs, comma-separated or a list.
+            endpoints: the servers' base URLs: comma-separated, a list, or a YAML file
+                that lists them (``endpoints: [http://gpu1:8000, ...]`` or the bare list).
             max_num_seqs: batch cap per replica (the servers' ``--max-num-seqs``).
             max_model_len: context per generation (None: the servers' own).
             force_script: feed the request's ``script`` tokens (the servers' processor).
@@ -183,9 +184,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                 answers, the servers serve different models, or they lack the processor.
         """
         super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
-        urls = ([u.strip() for u in endpoints.split(',')] if isinstance(endpoints, str)
-                else [str(u).strip() for u in endpoints])
-        urls = [u.rstrip('/') for u in urls if u]
+        urls = [u.rstrip('/') for u in endpoint_urls(endpoints) if u]
         if not urls:
             raise EngineError('the vllm-server engine needs at least one endpoint')
         if len(set(urls)) != len(urls):
@@ -781,6 +780,29 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
     def _call(self, coroutine: Any, timeout: float) -> Any:
         """Run a coroutine on the event loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+
+def endpoint_urls(endpoints: str | Sequence[str]) -> list[str]:
+    """The endpoints' URLs from a list, a comma-separated text, or a YAML file naming them.
+
+    Raises:
+        EngineError: a YAML file that cannot be read or does not list URLs.
+    """
+    if not isinstance(endpoints, str):
+        return [str(url).strip() for url in endpoints]
+    text = endpoints.strip()
+    if text.endswith(('.yaml', '.yml')):
+        from timelyllm_ros.safe_files import EngineInputError, load_yaml
+
+        try:
+            data = load_yaml(text, EngineInputError)
+        except OSError as err:
+            raise EngineError(f'cannot read the endpoints file {text!r}: {err}') from None
+        listed = data.get('endpoints') if isinstance(data, dict) else data
+        if not isinstance(listed, list) or not all(isinstance(u, str) for u in listed):
+            raise EngineError(f'{text}: expected a list of URLs (or endpoints: [...])')
+        return [url.strip() for url in listed]
+    return [url.strip() for url in text.split(',')]
 
 
 def server_metrics(text: str) -> dict[str, float]:
