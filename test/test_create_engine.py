@@ -5,6 +5,7 @@ service built on the real CPU engine."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -25,7 +26,8 @@ BUILDS: dict[str, tuple[dict[str, object], str | None]] = {
             'llama_cpp'),
     'transformers': ({'model': 'random:tiny', 'tokenizer': 'bytes', 'device': 'cpu',
                       'max_context': '256', 'threads': '1'}, 'torch'),
-    'vllm': ({'model': 'facebook/opt-125m', 'max_num_seqs': '2'}, 'vllm'),
+    # a local model folder (nothing is downloaded): TIMELYLLM_VLLM_MODEL, see test_engine_vllm.py
+    'vllm': ({'max_num_seqs': '2', 'max_model_len': '512', 'kv_cache_gb': '1'}, 'vllm'),
     'vllm-server': ({'max_num_seqs': '2', 'connect_timeout_s': '2'}, 'httpx'),
 }
 
@@ -46,6 +48,11 @@ def test_every_engine_name_builds_through_the_one_path(
     if reason is not None:
         pytest.skip(reason)
     server = None
+    if name == 'vllm':
+        model = os.environ.get('TIMELYLLM_VLLM_MODEL', '')
+        if not os.path.isdir(model):
+            pytest.skip('TIMELYLLM_VLLM_MODEL does not name a local model folder')
+        options = {**options, 'model': model}
     if name == 'vllm-server':          # against a fake server, with the shipped tokenizer
         from fake_vllm_server import FakeVllmServer
 
