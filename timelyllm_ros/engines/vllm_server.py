@@ -722,7 +722,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         replica.block_size = int(figures.get('block_size', replica.block_size))
         replica.prefix_hits = figures.get('prefix_cache_hits', replica.prefix_hits)
         replica.prefix_queries = figures.get('prefix_cache_queries', replica.prefix_queries)
-        replica.admitted.clear()
+        # rebound, not cleared: the scheduler's thread may be summing the old set right now
+        replica.admitted = set()
 
     # -- extras -----------------------------------------------------------------------------
     def replica_states(self) -> tuple[ReplicaState, ...]:
