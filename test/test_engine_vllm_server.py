@@ -510,3 +510,22 @@ def test_measured_cache_hits_of_resumes(tokenizer_folder: str, plan_ids: list[in
     assert cached[-2:] == expected
     assert stats['resume_prompt_tokens'] == 2 * prompt + 4 + 9
     engine.close()
+
+
+def test_a_refused_generation_is_placed_on_another_replica(
+        tokenizer_folder: str, servers: list[FakeVllmServer]) -> None:
+    """place_elsewhere (the scheduler's retry when a replica's admission said no): a
+    generation without a home goes to its next replica until the next step; one with a home
+    stays."""
+    engine = _engine(tokenizer_folder, servers)
+    for name in ('a', 'b'):
+        engine.register(_request(name))
+    first = engine.placement('b')
+    assert engine.place_elsewhere('b') and engine.placement('b') == 1 - first
+    assert not engine.place_elsewhere('b') and engine.placement('b') is None
+    assert not engine.can_run('b')                # refused everywhere until the next step
+    engine.run('a')
+    engine.step()
+    assert engine.placement('b') is not None and engine.can_run('b')
+    assert not engine.place_elsewhere('a')        # its KV has a home
+    engine.close()

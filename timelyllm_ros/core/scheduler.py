@@ -466,6 +466,9 @@ class Scheduler:
                 continue
             if not admit:
                 if fits_alone:
+                    if self.engine.place_elsewhere(candidate.task_id):
+                        candidates.append(candidate)    # asked again on another replica
+                        continue
                     break                   # it waits for memory to free up
                 n -= 1
                 priorities[row] = priorities[n]

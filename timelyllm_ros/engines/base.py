@@ -408,6 +408,12 @@ class Engine(ABC):
         one: a replica of a pool (None: this engine; its whole batch is one cohort)."""
         return None
 
+    def place_elsewhere(self, request_id: str) -> bool:
+        """The scheduler could not admit this generation where it would run (its replica's
+        latency test or memory said no): a pool with another replica it has not tried since
+        its last iteration places it there (True); one engine has no other (False)."""
+        return False
+
     def replica_states(self) -> tuple[ReplicaState, ...]:
         """Each replica of a pool, for observability (none: the engine is one replica)."""
         return ()

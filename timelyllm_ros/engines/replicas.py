@@ -19,7 +19,10 @@ A fleet that outgrows one GPU is served by several replicas of the engine. The p
   gets that iteration's token, one paused in the middle does not: at most one iteration early
   or late, and nothing generated is lost;
 * admission asks the replica a generation would go to (``can_run``, ``run_cost_s``), and the
-  latency-guided test weighs that replica's batch only (:meth:`SimulatedReplicas.cohort`);
+  latency-guided test weighs that replica's batch only (:meth:`SimulatedReplicas.cohort`); a
+  generation that replica refuses goes to its next best one and is asked again
+  (:meth:`SimulatedReplicas.place_elsewhere`, each replica once until the next iteration)
+  before the scheduler's decision stops;
   the pool's decode-step model is that of a replica holding an even share of the batch.
 
 With one replica the pool is that replica, iteration for iteration.
@@ -82,6 +85,8 @@ class SimulatedReplicas(Engine):
         if request_latency_s < 0:
             raise EngineError(f'request_latency_s must be >= 0, got {request_latency_s}')
         self.request_latency_s = request_latency_s
+        self._avoid: dict[str, set[int]] = {}     # request id -> replicas that refused it
+                                                  # since the last iteration
         self._arrives: dict[str, float] = {}      # request id -> when its segment request
                                                   # reaches its replica (in flight until then)
         self.replicas = tuple(replicas)
@@ -103,6 +108,7 @@ class SimulatedReplicas(Engine):
         if request_id in self._ran:
             return self._registered[request_id]
         request = self._known(request_id)
+        avoid = self._avoid.get(request_id, ())
         prefix = request.prefix_id
         soon = request.zero_utility_s is not None and request.zero_utility_s <= self.soon_s
 
@@ -119,7 +125,18 @@ class SimulatedReplicas(Engine):
             return replica_rank(index, free=free, cached=cached, running=len(replica.running),
                                 done_s=done)
 
-        return min(range(len(self.replicas)), key=rank)
+        return min((i for i in range(len(self.replicas)) if i not in avoid), key=rank)
+
+    def place_elsewhere(self, request_id: str) -> bool:
+        """A generation that has not run yet goes to its next best replica for the rest of
+        this decision (until the pool's next iteration), if one is left."""
+        if request_id in self._ran:
+            return False
+        avoid = self._avoid.setdefault(request_id, set())
+        if len(avoid) + 1 >= len(self.replicas):
+            return False
+        avoid.add(self.placement(request_id))
+        return True
 
     def replica_of(self, request_id: str) -> Engine:
         """The replica a generation runs (or would run) on."""
@@ -191,6 +208,7 @@ class SimulatedReplicas(Engine):
         self._placed(request_id).compress_kv(request_id, evict_ratio)
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
+        self._avoid.clear()
         self._arrives = {r: t for r, t in self._arrives.items() if t > self._clock}
         for index, replica in enumerate(self.replicas):
             if index not in self._ends and replica.running:

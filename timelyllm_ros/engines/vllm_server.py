@@ -218,6 +218,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         self._thread.start()
         self._client: Any = None
         self._llguidance: LlguidanceTokenizer | None = None
+        self._avoid: dict[str, set[int]] = {}    # request id -> replicas that refused it
         self._seq = 0
         self._metrics_task: concurrent.futures.Future[None] | None = None
         # statistics of the pool's own (the shared ones are RealEngine's)
@@ -345,7 +346,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
             return generation.home
         self._probe_due()
         prefix = generation.request.prefix_id
-        live = [i for i, r in enumerate(self.replicas) if r.up]
+        avoid = self._avoid.get(request_id, ())
+        live = [i for i, r in enumerate(self.replicas) if r.up and i not in avoid]
         if not live:
             return None
 
@@ -356,6 +358,18 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                                 running=len(replica.running))
 
         return min(live, key=rank)
+
+    def place_elsewhere(self, request_id: str) -> bool:
+        """A generation without a home goes to its next best live replica until the next
+        step, if one is left."""
+        generation = self._get(request_id)
+        if generation.home is not None:
+            return False
+        current = self.placement(request_id)
+        avoid = self._avoid.setdefault(request_id, set())
+        if current is not None:
+            avoid.add(current)
+        return self.placement(request_id) is not None
 
     def _fits(self, generation: _Generation) -> bool:
         """Room on its replica: a batch slot, and its KV blocks beside what the replica last
@@ -426,6 +440,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         wait until one of the running generations has news or ``stall_s`` passes, then hand
         out one token per generation, the ends, and the failures."""
         self._probe_due()
+        self._avoid.clear()
         active = [r for r in self._running if only is None or r in only] or list(self._running)
         forward = ForwardPass(batch_size=len(active))
         for request_id in list(self._running):
