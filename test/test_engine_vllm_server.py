@@ -529,3 +529,21 @@ def test_a_refused_generation_is_placed_on_another_replica(
     assert engine.placement('b') is not None and engine.can_run('b')
     assert not engine.place_elsewhere('a')        # its KV has a home
     engine.close()
+
+
+def test_admission_weighs_the_replica_a_generation_joins(
+        tokenizer_folder: str, servers: list[FakeVllmServer]) -> None:
+    """cohort: the replica a generation runs or would run on, as the latency-guided test
+    weighs it (its running generations, its batch cap); it answers questions only."""
+    engine = _engine(tokenizer_folder, servers, max_num_seqs=3)
+    for name in ('a', 'b', 'c'):
+        engine.register(_request(name))
+    engine.run('a')
+    engine.run('b')
+    home_a = engine.cohort('a')
+    assert home_a is not None and home_a.running == ('a',) and home_a.max_num_seqs == 3
+    assert engine.cohort('b').running == ('b',)                 # type: ignore[union-attr]
+    assert home_a.decode_step_s(1) > 0 and home_a.can_run('c') == engine.can_run('c')
+    with pytest.raises(EngineError, match='never driven'):
+        home_a.run('c')
+    engine.close()

@@ -55,10 +55,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from timelyllm_ros.engines.base import (
+    Engine,
     EngineBehaviour,
     EngineRequest,
     EngineStats,
     ReplicaState,
+    StepResult,
 )
 from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import KeptTokens
@@ -358,6 +360,13 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                                 running=len(replica.running))
 
         return min(live, key=rank)
+
+    def cohort(self, request_id: str) -> Engine | None:
+        """The replica the generation runs or would run on, as the latency-guided test weighs
+        it (its batch, its step), so that admission protects that replica's iterations only
+        (None: no replica is up)."""
+        index = self.placement(request_id)
+        return None if index is None else _ReplicaCohort(self, index)
 
     def place_elsewhere(self, request_id: str) -> bool:
         """A generation without a home goes to its next best live replica until the next
@@ -796,6 +805,56 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
     def _call(self, coroutine: Any, timeout: float) -> Any:
         """Run a coroutine on the event loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+
+class _ReplicaCohort(Engine):
+    """One replica of a vllm-server pool as admission sees it: its running generations, its
+    batch cap, a step at its own batch; questions about a generation go to the pool. It runs
+    nothing."""
+
+    def __init__(self, pool: VllmServerEngine, index: int) -> None:
+        self._pool = pool
+        self._index = index
+        self.lookahead_tokens = pool.lookahead_tokens
+
+    def _refuse(self) -> EngineError:
+        return EngineError('a replica of the pool is asked, never driven: use the pool')
+
+    def register(self, request: EngineRequest) -> None:
+        raise self._refuse()
+
+    def run(self, request_id: str) -> None:
+        raise self._refuse()
+
+    def pause(self, request_id: str) -> None:
+        raise self._refuse()
+
+    def release(self, request_id: str) -> None:
+        raise self._refuse()
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        raise self._refuse()
+
+    def can_run(self, request_id: str) -> bool:
+        return self._pool.can_run(request_id)
+
+    def run_cost_s(self, request_id: str) -> float:
+        return self._pool.run_cost_s(request_id)
+
+    def decode_step_s(self, batch_size: int) -> float:
+        return SegmentRequestEngine.decode_step_s(self._pool, batch_size)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        return tuple(r for r in self._pool.running
+                     if self._pool._generations[r].home == self._index)
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self._pool.per_replica_seqs
+
+    def stats(self) -> EngineStats:
+        return self._pool.stats()
 
 
 def endpoint_urls(endpoints: str | Sequence[str]) -> list[str]:
