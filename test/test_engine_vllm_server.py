@@ -179,15 +179,19 @@ def test_a_cut_drops_what_arrived_past_it_and_the_resume_goes_on(
         tokenizer_folder: str, plan_ids: list[int], servers: list[FakeVllmServer]) -> None:
     """The stream is closed at the pause; a resume is a new request over the kept ids with
     the grammar and the kept ids in its arguments; the output is the uninterrupted one."""
-    servers[0].behaviour.token_delay_s = 0.002
+    servers[0].behaviour.token_delay_s = 0.05     # the stream stays open while we look
     engine = _engine(tokenizer_folder, servers[:1])
     grammar = "root ::= [a-z();=?'{}0-9]+"
     engine.register(_request('cut', grammar=grammar, repetition_penalty=1.1, end_within=4))
     engine.run('cut')
     while len(engine.token_ids('cut')) < 5:
         engine.step()
-    time.sleep(0.2)                        # more tokens arrive than are handed out
+    segment = engine._generations['cut'].segment
+    deadline = time.monotonic() + 10
+    while segment is not None and not segment.ids and time.monotonic() < deadline:
+        time.sleep(0.005)                  # a token arrives that is not handed out
     engine.pause('cut')
+    servers[0].behaviour.token_delay_s = 0.0
     kept = list(engine.token_ids('cut'))
     assert kept == plan_ids[:5] and engine.trimmed_tokens > 0
     ended = _finish(engine, ['cut'], pause_after=(3,))
