@@ -259,3 +259,16 @@ def test_a_refused_generation_tries_the_other_replicas_before_it_waits() -> None
     assert pool.place_elsewhere('b')             # forgotten at the pool's iteration
     assert not pool.place_elsewhere('a')         # its KV has a home
     assert not SimulatedEngine().place_elsewhere('a')
+
+
+def test_the_fault_wrapper_passes_the_pool_through() -> None:
+    """A pool under FaultInjectingEngine keeps its cohorts, re-placement and replica states."""
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.engines.faults import FaultInjectingEngine
+
+    pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()])
+    wrapped = FaultInjectingEngine(pool, {})
+    wrapped.register(EngineRequest('a', 'p', 64, 8, script=(' a',) * 8))
+    assert wrapped.cohort('a') is pool.replica_of('a')
+    assert [r.name for r in wrapped.replica_states()] == ['0', '1']
+    assert wrapped.place_elsewhere('a') and not wrapped.place_elsewhere('a')

@@ -24,6 +24,7 @@ from timelyllm_ros.engines.base import (
     EvictTo,
     KvAccounting,
     PlanScript,
+    ReplicaState,
     StepResult,
 )
 
@@ -87,6 +88,15 @@ class FaultInjectingEngine(Engine):
 
     def cost_model(self) -> CostModel | None:
         return self.inner.cost_model()
+
+    def cohort(self, request_id: str) -> Engine | None:
+        return self.inner.cohort(request_id)
+
+    def place_elsewhere(self, request_id: str) -> bool:
+        return self.inner.place_elsewhere(request_id)
+
+    def replica_states(self) -> tuple[ReplicaState, ...]:
+        return self.inner.replica_states()
 
     def scripted_plan(self, robot_kind: str, task: str, task_class: str) -> PlanScript | None:
         return self.inner.scripted_plan(robot_kind, task, task_class)
