@@ -47,7 +47,6 @@ import json
 import logging
 import os
 import time
-from abc import abstractmethod
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -434,6 +433,7 @@ class SegmentRequestEngine(RealEngine[G]):
     tokenizer: Any
     chat_template: bool
     in_engine_decoding: bool        # plans go through the processor (else vLLM's own greedy)
+    _llguidance: LlguidanceTokenizer | None = None
     eos_id: int | None
 
     def _encode(self, text: str) -> list[int]:
@@ -462,9 +462,11 @@ class SegmentRequestEngine(RealEngine[G]):
             super()._grammar(gbnf)
         self._grammar_tokenizer().grammar(gbnf)
 
-    @abstractmethod
     def _grammar_tokenizer(self) -> LlguidanceTokenizer:
-        """The tokenizer as llguidance reads it."""
+        """The tokenizer as llguidance reads it (read once)."""
+        if self._llguidance is None:
+            self._llguidance = LlguidanceTokenizer.from_hf(self.tokenizer, sorted(self.eos_ids))
+        return self._llguidance
 
     def _detokenizer(self, prompt_tokens: int) -> WindowDetokenizer:
         return WindowDetokenizer(

@@ -62,12 +62,12 @@ from timelyllm_ros.engines.base import (
     ReplicaState,
     StepResult,
 )
-from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
+from timelyllm_ros.engines.constraint import TokenGrammar
 from timelyllm_ros.engines.kept import KeptTokens
 from timelyllm_ros.engines.real import ForwardPass
 from timelyllm_ros.engines.replicas import replica_rank
 from timelyllm_ros.engines.vllm_engine import DECODING_KEY, FORCED_KEY, SegmentRequestEngine
-from timelyllm_ros.errors import EngineError
+from timelyllm_ros.errors import EngineError, describe_error
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,6 @@ class _Segment:
     cached: int = 0                         # prompt tokens the replica's prefix cache served:
     measured: bool = False                  # ... read from its counters, else estimated
     alone: bool = False                     # the only request in flight on its replica
-    started: float = field(default_factory=time.monotonic)
     last: float = field(default_factory=time.monotonic)     # when something last arrived
     future: concurrent.futures.Future[None] | None = None
     joined: bool = True                     # its prompt's figures are still to be counted
@@ -219,7 +218,6 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                                         daemon=True)
         self._thread.start()
         self._client: Any = None
-        self._llguidance: LlguidanceTokenizer | None = None
         self._avoid: dict[str, set[int]] = {}    # request id -> replicas that refused it
         self._seq = 0
         self._metrics_task: concurrent.futures.Future[None] | None = None
@@ -257,7 +255,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
             *(self._get_json(r, '/v1/models') for r in self.replicas), return_exceptions=True)
         for replica, answer in zip(self.replicas, self._models, strict=True):
             if isinstance(answer, BaseException):
-                self._mark_down(replica, f'not answering: {_describe(answer)}')
+                self._mark_down(replica, f'not answering: {describe_error(answer)}')
 
     async def _get_json(self, replica: Replica, path: str) -> Any:
         response = await self._client.get(replica.url + path, timeout=self.connect_timeout_s)
@@ -309,7 +307,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                 raise EngineError(f'the vllm server at {replica.url} refused a probe: '
                                   f'{err}{hint}') from None
             except Exception as err:  # noqa: BLE001 - a server that fails the probe is down
-                self._mark_down(replica, f'probe failed: {_describe(err)}')
+                self._mark_down(replica, f'probe failed: {describe_error(err)}')
                 continue
             ids = (answer.get('choices') or [{}])[0].get('token_ids') or []
             if needs_processor and list(ids) != probe:
@@ -327,11 +325,6 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         return response.json()
 
     # -- the backend ------------------------------------------------------------------------
-    def _grammar_tokenizer(self) -> LlguidanceTokenizer:
-        if self._llguidance is None:
-            self._llguidance = LlguidanceTokenizer.from_hf(self.tokenizer, sorted(self.eos_ids))
-        return self._llguidance
-
     def _new_generation(self, request: EngineRequest, prompt_ids: list[int],
                         forced: list[int] | None, grammar: TokenGrammar | None) -> _Generation:
         generation = _Generation(request, prompt_ids, forced, seq=self._seq,
@@ -504,9 +497,6 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
 
     def _hand_out(self, forward: ForwardPass, generation: _Generation, token: int) -> None:
         request_id = generation.request.request_id
-        if generation.forced is not None and token == self.eos_id:
-            self._finish(forward, generation, 'stop')
-            return
         if self._is_eos(token):
             self._finish(forward, generation, 'stop')
             return
@@ -623,7 +613,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         except asyncio.CancelledError:
             raise                                   # a cut: the stream is closed
         except (httpx.HTTPError, OSError, ValueError) as err:
-            self._arrive(segment, error=_describe(err), fault=True)
+            self._arrive(segment, error=describe_error(err), fault=True)
 
     async def _measure(self, replica: Replica, segment: _Segment,
                        before: tuple[float, float]) -> None:
@@ -640,12 +630,21 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
 
     async def _prefix_counters(self, replica: Replica) -> tuple[float, float] | None:
         """A replica's prefix-cache (hits, queries) in tokens now (None: not readable)."""
+        figures = await self._fetch_metrics(replica)
+        if figures is None or not {'prefix_cache_hits', 'prefix_cache_queries'} <= set(figures):
+            return None
+        return figures['prefix_cache_hits'], figures['prefix_cache_queries']
+
+    async def _fetch_metrics(self, replica: Replica) -> dict[str, float] | None:
+        """The figures of a replica's ``/metrics`` (:func:`server_metrics`; None: not
+        readable now)."""
         try:
             response = await self._client.get(replica.url + '/metrics',
                                               timeout=self.connect_timeout_s)
-            figures = server_metrics(response.text)
-            return figures['prefix_cache_hits'], figures['prefix_cache_queries']
-        except (self._httpx.HTTPError, OSError, ValueError, KeyError):
+            response.raise_for_status()
+            return server_metrics(response.text)
+        except (self._httpx.HTTPError, OSError, ValueError) as err:
+            logger.debug('metrics of %s: %s', replica.url, describe_error(err))
             return None
 
     def _read_chunk(self, segment: _Segment, chunk: dict[str, Any]) -> None:
@@ -686,10 +685,7 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         if replica.up:
             logger.warning('vllm server %s is down: %s', replica.url, why)
         replica.up = False
-        replica.failures += 1
-        replica.last_error = why
-        replica.retry_at = time.monotonic() + min(
-            self.retry_max_s, self.retry_s * 2 ** (replica.failures - 1))
+        self._back_off(replica, why)
         replica.running.clear()
         replica.admitted.clear()
         replica.prefixes.clear()
@@ -709,23 +705,27 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
             healthy = response.status_code == 200
             why = f'health check: HTTP {response.status_code}'
         except (self._httpx.HTTPError, OSError) as err:
-            healthy, why = False, _describe(err)
+            healthy, why = False, describe_error(err)
         if healthy:
             await self._read_metrics(replica)
             logger.warning('vllm server %s is back', replica.url)
             replica.up, replica.failures, replica.last_error = True, 0, ''
         else:
-            replica.failures += 1
-            replica.last_error = why
-            replica.retry_at = time.monotonic() + min(
-                self.retry_max_s, self.retry_s * 2 ** (replica.failures - 1))
+            self._back_off(replica, why)
         replica.probing = False
+
+    def _back_off(self, replica: Replica, why: str) -> None:
+        """One more failure: the next probe waits ``retry_s``, doubled per failure in a row,
+        at most ``retry_max_s``."""
+        replica.failures += 1
+        replica.last_error = why
+        replica.retry_at = time.monotonic() + min(
+            self.retry_max_s, self.retry_s * 2 ** (replica.failures - 1))
 
     async def _poll_metrics(self) -> None:
         while True:
             await asyncio.sleep(self.metrics_s)
-            await asyncio.gather(*(self._read_metrics(r) for r in self.replicas if r.up),
-                                 return_exceptions=True)
+            await self._read_all_metrics()
 
     async def _read_all_metrics(self) -> None:
         await asyncio.gather(*(self._read_metrics(r) for r in self.replicas if r.up),
@@ -733,13 +733,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
 
     async def _read_metrics(self, replica: Replica) -> None:
         """vLLM's KV usage, KV capacity and prefix-cache counters from ``/metrics``."""
-        try:
-            response = await self._client.get(replica.url + '/metrics',
-                                              timeout=self.connect_timeout_s)
-            response.raise_for_status()
-            figures = server_metrics(response.text)
-        except (self._httpx.HTTPError, OSError, ValueError) as err:
-            logger.debug('metrics of %s: %s', replica.url, _describe(err))
+        figures = await self._fetch_metrics(replica)
+        if figures is None:
             return
         replica.kv_usage = figures.get('kv_cache_usage', replica.kv_usage)
         replica.num_blocks = int(figures.get('num_gpu_blocks', replica.num_blocks))
@@ -923,7 +918,3 @@ def _load_tokenizer(model: str) -> Any:
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds
         raise EngineError(f'cannot read the tokenizer of {model!r}: {err}') from None
 
-
-def _describe(err: BaseException) -> str:
-    text = str(err).strip()
-    return f'{type(err).__name__}: {text}' if text else type(err).__name__
