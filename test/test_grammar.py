@@ -98,7 +98,7 @@ def test_every_valid_recorded_plan_is_in_the_grammar(byte_tokenizer, robot) -> N
     grammar = plan_grammar(profile)
     assert grammar is not None
     plans = [t.plan for t in load_trace_set().traces if t.robot == robot]
-    plans += [example['plan'] for example in profile.prompt.examples]
+    plans += [example['plan'] for example in profile.prompt.all_examples]
     assert plans
     for plan in plans:
         assert accepts(byte_tokenizer, grammar.gbnf, plan), plan
@@ -200,3 +200,85 @@ def test_a_grounded_grammar_names_only_the_tasks_objects(byte_tokenizer) -> None
     assert plan_grammar(tello, ('cat',)) is plan_grammar(tello, ('cat',))
     assert plan_grammar(tello, ('cat',)) is not plan_grammar(tello)
     assert accepts(byte_tokenizer, plan_grammar(tello).gbnf, "s('dog')")
+
+
+ARM_TASK = ('Scene: [cup x:0.40 y:0.50 width:0.10 height:0.12], Task: [A] Put the cup on the '
+            'tray, then the spoon near the cup.')
+
+
+@pytest.mark.parametrize('plan, inside', [
+    ("move_to('cup');pick('cup');move_to('tray');place('cup','tray')", True),
+    ("move_to('cup');pick('cup');move_to('tray');place('cup','tray');\n"
+     "move_to('spoon');pick('spoon');move_to('cup');place('spoon','near_cup')", True),
+    ("detect('cup');move_to('tray');move_to('cup');pick('cup')", True),      # may end holding
+    ("move_to('cup');pick('cup');release();move_to('tray');pick('tray')", True),
+    ("move_to('cup');pick('cup');2{move_to('tray')};move_to('spoon');place('cup','on_spoon')",
+     True),
+    ("?check('cup')==True{move_to('cup');pick('cup');move_to('tray');place('cup','tray')}",
+     True),
+    ("3{move_to('cup')};release()", True),
+    ("pick('cup')", False),                                                  # not at the cup
+    ("move_to('cup');pick('cup');place('cup','tray')", False),               # not at the tray
+    ("move_to('cup');pick('cup');move_to('spoon');place('cup','tray')", False),
+    ("move_to('cup');pick('cup');move_to('spoon');pick('spoon')", False),    # holds two
+    ("move_to('cup');pick('cup');move_to('tray');place('spoon','tray')", False),  # not held
+    ("move_to('cup');pick('cup');move_to('cup');place('cup','cup')", False),
+    ("?check('cup')==True{move_to('cup');pick('cup')}", False),   # a body ends empty-handed
+    ("move_to('cup');pick('cup');?check('tray')==True{move_to('tray');place('cup','tray')}",
+     False),                                        # a body entered holding keeps holding
+    ("3{move_to('cup');pick('cup');move_to('tray');place('cup','tray')}", False),
+])
+def test_an_arm_grammar_keeps_one_thing_in_the_gripper(byte_tokenizer, plan, inside) -> None:
+    """Issue 27: SmolLM2 wrote pick after pick with no move_to; the indy7 profile's gripper
+    rule makes the grounded grammar take only what the arm reached, one thing at a time, and
+    put it only where the arm went."""
+    from timelyllm_ros.language.grounding import task_objects
+
+    gbnf = plan_grammar(load_profile('indy7'), task_objects(ARM_TASK)).gbnf
+    assert accepts(byte_tokenizer, gbnf, plan) is inside
+
+
+def test_random_arm_plans_of_the_grounded_grammar_keep_the_gripper_rule(byte_tokenizer) -> None:
+    from timelyllm_ros.evaluation.plan_judge import arm_problem, plan_calls
+    from timelyllm_ros.language.grounding import task_objects
+
+    profile = load_profile('indy7')
+    assert profile.gripper is not None
+    gbnf = plan_grammar(profile, task_objects(ARM_TASK)).gbnf
+    rng = random.Random(27)
+    ended = taken = placed = 0
+    for _ in range(150):
+        state = byte_tokenizer.grammar(gbnf)
+        out = bytearray()
+        for _ in range(1500):
+            logits = np.zeros(258, dtype=np.float32)
+            state.restrict(logits)
+            allowed = np.flatnonzero(np.isfinite(logits))
+            if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.05):
+                break
+            choices = allowed[allowed != EOS]
+            # lean toward the gripper's skills, which a uniform walk almost never spells
+            toward = choices[np.isin(choices, list(b"move_to(pick(place(';"))]
+            byte = int(rng.choice(toward if len(toward) and rng.random() < 0.9 else choices))
+            state.accept(byte)
+            out.append(byte)
+        else:
+            continue
+        ended += 1
+        text = out.decode('utf-8')
+        assert arm_problem(plan_calls(profile, text), profile.gripper) == '', text
+        taken += "pick('" in text
+        placed += "place('" in text
+    assert ended >= 50 and taken >= 20 and placed >= 3, (ended, taken, placed)
+
+
+def test_every_reference_plan_is_in_its_tasks_grounded_grammar(byte_tokenizer) -> None:
+    from timelyllm_ros.language.grounding import task_objects
+    from timelyllm_ros.language.traces import trace_set_path
+
+    for name in ('derived', 'heldback', 'heldback2'):
+        for trace in load_trace_set(trace_set_path(name)).traces:
+            if trace.robot in ('tello', 'indy7'):
+                grammar = plan_grammar(load_profile(trace.robot), task_objects(trace.task))
+                assert grammar is not None
+                assert accepts(byte_tokenizer, grammar.gbnf, trace.plan), (name, trace.id)

@@ -382,7 +382,7 @@ def test_bundled_traces_still_segment():
     traces = load_trace_set(DERIVED_TRACES)
     assert traces.traces
     for profile in PROFILES.values():
-        for example in profile.prompt.examples:
+        for example in profile.prompt.all_examples:
             cuts = segment_text(profile, example['plan'])
             assert not [s for c in cuts for s in c.rejected], example['plan']
 

@@ -365,8 +365,7 @@ def test_build_prompt_contains_every_part():
         assert skill.usage() in prompt
     assert 'mf(distance:int cm)' in prompt
     assert tello.prompt.guidance.strip() in prompt
-    assert len(tello.prompt.examples) == 3
-    for example in tello.prompt.examples:
+    for example in tello.prompt.examples_for(task):
         assert example['task'] in prompt and example['plan'] in prompt
     assert prompt.startswith(tello.prompt.system.strip())
     assert prompt.endswith(f'Task: {task}\nPlan:')
@@ -388,7 +387,7 @@ def _statements(plan: str) -> list[str]:
 @pytest.mark.parametrize('name', ['tello', 'indy7'])
 def test_prompt_examples_use_valid_calls(name):
     profile = load_profile(name)
-    for example in profile.prompt.examples:
+    for example in profile.prompt.all_examples:
         for call in _statements(example['plan']):
             skill = profile.skill(call.split('(')[0])
             assert skill.compiled.fullmatch(call), call
@@ -405,3 +404,17 @@ def test_reading_time():
     assert chatbot.reading_time_s(text) == pytest.approx(10 / 300 * 60)
     assert chatbot.reading_time_s('') == 0.0
     assert chatbot.reading_time_s('  spaced\n\twords  ') == pytest.approx(2 / 300 * 60)
+
+
+def test_a_gripper_rule_names_skills_that_take_things(tmp_path):
+    """The gripper rule (issue 27) drives the plan grammar and the judge: each of its skills
+    must exist with the arguments the rule reads."""
+    data = yaml.safe_load((PROFILES_DIR / 'indy7.yaml').read_text(encoding='utf-8'))
+    assert load_profile('indy7').gripper is not None
+    data['gripper'] = {'take': 'grab'}
+    with pytest.raises(ProfileError, match="no skill named 'grab'"):
+        load_profile_file(_write(tmp_path, data, 'arm.yaml'))
+    data['gripper'] = {'take': 'move_joint'}
+    with pytest.raises(ProfileError, match=r'move_joint must take the string arguments'):
+        load_profile_file(_write(tmp_path, data, 'arm.yaml'))
+    assert load_profile('tello').gripper is None

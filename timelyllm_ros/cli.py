@@ -709,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     quality.add_argument('--calibration', default=None, help=argparse.SUPPRESS)
     quality.add_argument('--trace-set', default='derived', metavar='NAME|FILE',
                          help='tasks and reference plans: derived (the bundled traces, '
-                              'default), heldback (20 robot tasks kept out of every prompt) or '
+                              'default), heldback and heldback2 (20 robot tasks each kept out '
+                              'of every prompt; heldback2 written after the example pools) or '
                               'a trace-set YAML')
     quality.add_argument('--tasks', type=TRACE_IDS, default=None,
                          help='trace ids, e.g. 1,2,12 (default: all)')

@@ -8,15 +8,18 @@ whatever was asked. This judge reads a plan against its task and the task's refe
 * **grounded** -- every object a plan names (a skill argument called ``object`` or ``where``)
   is one the task's scene line or its text mentions, or its reference plan uses; an object
   that is not there cannot be seen, reached or picked;
-* **the arm's world** -- an arm holds one thing at a time: ``pick`` needs an empty gripper and
-  the arm at that object (``move_to`` it first); ``place`` what it holds, where the arm went;
+* **the arm's world** -- a robot with a gripper rule (the profile's ``gripper``: the Indy7)
+  holds one thing at a time: ``pick`` needs an empty gripper and the arm at that object
+  (``move_to`` it first); ``place`` what it holds, where the arm went;
 * **coverage of the reference** -- the share of the reference's skills the plan uses, and of
   its objects the plan names; and its first movement: where the reference opens with a move
   (an evasion, "move up and then ...") another first move makes the plan useless, elsewhere
   only partly useful.
 
 ``useful``: grounded, possible, every object of the reference named, every one of its acting
-skills used (looking may differ: ``s`` for ``iv``) and its first movement the reference's.
+skills used (looking may differ: ``s`` for ``iv``), its first movement the reference's, and for
+a robot with a gripper every put of the reference made (that object, at that place: the ball
+on the box, not the box on the ball).
 ``partly``: grounded and possible, and something of the reference in it (a skill beyond the
 drone's take-off and landing, or an object). ``useless``: anything else, with the first
 reason found. The judge is a rule, stated here and tested: it does not know what the task
@@ -31,7 +34,7 @@ from typing import Literal
 
 from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES, scene_objects, words
 from timelyllm_ros.language.plan import SkillCall, Statement
-from timelyllm_ros.language.profiles import RobotProfile
+from timelyllm_ros.language.profiles import GripperRule, RobotProfile
 from timelyllm_ros.language.segmenter import segment_text
 
 Verdict = Literal['useful', 'partly', 'useless']
@@ -93,23 +96,24 @@ def grounded(name: str, known: set[str]) -> bool:
     return bool(named) and all(w in known or _singular(w) in known for w in named)
 
 
-def arm_problem(calls: Sequence[SkillCall]) -> str:
-    """Why an arm could not do these calls in order ('' if it could): one thing held at a
-    time, picked where the arm went, placed while held where the arm went (``near_x`` and
-    ``on_x`` are at ``x``)."""
+def arm_problem(calls: Sequence[SkillCall], gripper: GripperRule | None = None) -> str:
+    """Why an arm could not do these calls in order ('' if it could) under its gripper rule
+    (default: the Indy7's skill names): one thing held at a time, taken where the arm went,
+    put while held where the arm went (``near_x`` and ``on_x`` are at ``x``)."""
+    rule = gripper if gripper is not None else GripperRule()
     holding: str | None = None
     at: str | None = None
     for call in calls:
         target = str(call.args.get('object', ''))
-        if call.skill == 'move_to':
+        if call.skill == rule.reach:
             at = target
-        elif call.skill == 'pick':
+        elif call.skill == rule.take:
             if holding is not None:
                 return f'{call.text}: already holding {holding!r}'
             if at != target:
                 return f'{call.text}: the arm is not at {target!r} (no move_to it before)'
             holding = target
-        elif call.skill == 'place':
+        elif call.skill == rule.put:
             if holding != target:
                 return (f'{call.text}: places {target!r} while holding '
                         f'{holding!r}' if holding else f'{call.text}: holds nothing')
@@ -118,9 +122,14 @@ def arm_problem(calls: Sequence[SkillCall]) -> str:
             if at != spot:
                 return f'{call.text}: the arm is not at {spot!r} (no move_to it before)'
             holding = None
-        elif call.skill == 'release':
+        elif call.skill == rule.open:
             holding = None
     return ''
+
+
+def _put(call: SkillCall) -> tuple[frozenset[str], frozenset[str]]:
+    """What a put call puts where, as the names' words (``near_x`` is at ``x``)."""
+    return _name(str(call.args.get('object', ''))), _name(str(call.args.get('where', '')))
 
 
 def judge_plan(profile: RobotProfile, task: str, reference: str,
@@ -146,8 +155,8 @@ def judge_plan(profile: RobotProfile, task: str, reference: str,
     for name in object_names(calls):
         if not grounded(name, known):
             return verdict('useless', f'names {name!r}, which the scene and task do not hold')
-    if profile.kind == 'arm':
-        problem = arm_problem(calls)
+    if profile.gripper is not None:
+        problem = arm_problem(calls, profile.gripper)
         if problem:
             return verdict('useless', problem)
     if not (ref_skills & skills) and not (ref_names & names):
@@ -161,6 +170,11 @@ def judge_plan(profile: RobotProfile, task: str, reference: str,
         return verdict('useless' if ref_calls[0].skill in MOVEMENTS else 'partly', why)
     if object_coverage < 1.0:
         return verdict('partly', f"names {object_coverage:.0%} of the reference's objects")
+    if profile.gripper is not None:
+        made = {_put(c) for c in calls if c.skill == profile.gripper.put}
+        missed = [c for c in ref_calls if c.skill == profile.gripper.put and _put(c) not in made]
+        if missed:
+            return verdict('partly', f"does not make the reference's {missed[0].text}")
     missing = sorted(ref_skills - PERCEPTION - skills)
     if missing:
         return verdict('partly', f"lacks the reference's skills {', '.join(missing)}")

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES
-from timelyllm_ros.language.profiles import RobotProfile, SkillArg
+from timelyllm_ros.language.profiles import GripperRule, RobotProfile, Skill, SkillArg
 
 MAX_STRING_CHARS = 40
 """Longest string argument a constrained plan may hold (characters between the quotes)."""
@@ -180,16 +180,30 @@ def float_range(low: float, high: float) -> str:
 
 
 class _GrammarWriter:
-    """Writes the GBNF rules of one profile."""
+    """Writes the GBNF rules of one profile.
+
+    With a gripper rule and the task's objects, the plan is a sequence that follows the hand:
+    empty, or holding object *i*. Taking is written only as a reach and a take of one object
+    (``move_to('cup');pick('cup')``) with an empty hand, putting only as a reach and a put of
+    the held object there (``move_to('tray');place('cup','tray')``); letting go empties the
+    hand. A condition of the top level entered with an empty hand is such a sequence that
+    ends empty; every other body keeps the hand as it is (no take, put or letting go).
+    """
 
     def __init__(self, profile: RobotProfile, objects: tuple[str, ...] | None = None) -> None:
         self.profile = profile
         self.objects = objects          # None: any string names a thing
+        # the hand's state needs the things it can hold: a grounded grammar's objects
+        self.gripper: GripperRule | None = profile.gripper if objects else None
         self.rules: dict[str, str] = {}
 
     def write(self) -> str:
         profile = self.profile
-        top = self._statement(0, profile.max_loop_count)
+        if self.gripper is None:
+            top = self._statement(0, profile.max_loop_count)
+            plan = f'{top} (sep {top})*'
+        else:
+            plan = self._sequence('e', 0, profile.max_loop_count, closed=False)
         self.rules['sep'] = '";" "\\n"?'
         self.rules['string'] = (f'"\'" [a-zA-Z0-9] [{_STRING_CHARS}]{{0,{MAX_STRING_CHARS - 1}}} '
                                 '"\'"')
@@ -201,19 +215,26 @@ class _GrammarWriter:
         # The plan may end after a separator (tokenizers merge ");" into one token: without
         # it the end of text would never be allowed at a token boundary), and a newline there
         # ends it: small models go on with another "Task:" instead.
-        ordered = {'root': f'" "? {top} (sep {top})* ";"? "\\n"?', **self.rules}
+        ordered = {'root': f'" "? {plan} ";"? "\\n"?', **self.rules}
         return ''.join(f'{name} ::= {body}\n' for name, body in ordered.items())
 
-    def _statement(self, depth: int, budget: int) -> str:
+    def _statement(self, depth: int, budget: int, hand: str = '') -> str:
         """The rule of a statement at a depth (0: top level) inside loops allowing ``budget``
-        repetitions."""
-        name = f'stmt-{depth}-{budget}'
+        repetitions; ``hand`` under a gripper rule: ``e`` (in a sequence, hand empty), ``hs``
+        (in a sequence, holding) or ``k`` (in a body that keeps the hand as it is)."""
+        name = f'stmt-{hand}{"-" if hand else ""}{depth}-{budget}'
         if name in self.rules:
             return name
         self.rules[name] = ''                      # reserved: rules refer to each other
-        options = [self._calls(query_only=False)]
+        options = [self._calls(query_only=False, hand=hand)]
         if depth + 1 <= self.profile.max_nesting_depth:
-            body = self._body(depth + 1, budget)
+            # With a gripper, a condition of the plan's top level may take and put inside
+            # (``?check('x')==True{move_to('x');pick('x');...;place(...)}``) when the hand is
+            # empty; every other body keeps the hand as it is. (Every body taking and putting
+            # was tried: its grammar grew to 280 kB for seven objects, 650 ms to compile.)
+            inside = hand and 'k'
+            conditional = 'e' if hand == 'e' and depth == 0 else inside
+            body = self._body(depth + 1, budget, conditional)
             query = self._calls(query_only=True)
             if self.rules[query]:      # a grounded grammar without objects may have none
                 options.append(f'"?" {query} comparison? {body}')
@@ -221,25 +242,88 @@ class _GrammarWriter:
             for count in range(1, budget + 1):
                 counts.setdefault(budget // count, []).append(count)
             for inner, group in sorted(counts.items()):
-                loop_body = self._body(depth + 1, inner)
+                loop_body = self._body(depth + 1, inner, inside)
                 options.append(f'({integer_range(min(group), max(group))}) {loop_body}')
         self.rules[name] = _alternatives(options)
         return name
 
-    def _body(self, depth: int, budget: int) -> str:
-        name = f'body-{depth}-{budget}'
+    def _body(self, depth: int, budget: int, hand: str = '') -> str:
+        name = f'body-{hand}{"-" if hand else ""}{depth}-{budget}'
         if name not in self.rules:
             self.rules[name] = ''
-            statement = self._statement(depth, budget)
-            self.rules[name] = f'"{{" {statement} (sep {statement})* "}}"'
+            if hand == 'e':
+                self.rules[name] = f'"{{" {self._sequence("e", depth, budget, closed=True)} "}}"'
+            else:
+                statement = self._statement(depth, budget, hand)
+                self.rules[name] = f'"{{" {statement} (sep {statement})* "}}"'
         return name
 
-    def _calls(self, query_only: bool) -> str:
-        name = 'query-call' if query_only else 'call'
+    def _sequence(self, state: str, depth: int, budget: int, closed: bool) -> str:
+        """Statements from a hand state (``e``, or ``0``, ``1``, ...: holding that object) on:
+        ``closed``, they end with the hand empty (a body); else anywhere (the plan).
+
+        A reach is written here, not among the statements, and what follows it decides
+        whether it was a take's or a put's: an object named by two parallel paths (the
+        statements' object rule and a take's literal) would be two lexemes for one text,
+        which llguidance's lexer does not follow."""
+        name = f'seq-{"c" if closed else "o"}-{state}-{depth}-{budget}'
         if name in self.rules:
             return name
-        skills = [s for s in self.profile.skills if (s.query or not query_only)
-                  and (self.objects or not self._names_things(s.args))]
+        self.rules[name] = ''
+        assert self.gripper is not None and self.objects is not None
+        gripper, objects = self.gripper, self.objects
+
+        def tail(state_after: str) -> str:
+            rest = self._sequence(state_after, depth, budget, closed)
+            return f'sep {rest}' if closed and state_after != 'e' else f'(sep {rest})?'
+
+        if state == 'e':
+            options = [f'{self._statement(depth, budget, "e")} {tail("e")}']
+            for thing in objects:
+                taken = self._named(gripper.take, _literal(thing))
+                index = str(objects.index(thing))
+                options.append(f'{self._named(gripper.reach, _literal(thing))} '
+                               f'((sep {taken} {tail(index)}) | {tail("e")})')
+        else:
+            held = _literal(objects[int(state)])
+            places = _alternatives(_literal(prefix) for prefix in PLACE_PREFIXES)
+            options = [f'{self._statement(depth, budget, "hs")} {tail(state)}',
+                       f'{_literal(self._short(gripper.open) + "()")} {tail("e")}']
+            for spot in objects:
+                reach = self._named(gripper.reach, _literal(spot))
+                if spot == objects[int(state)]:
+                    options.append(f'{reach} {tail(state)}')
+                    continue
+                put = self._named(gripper.put, held, f'({places})? {_literal(spot)}')
+                options.append(f'{reach} ((sep {put} {tail("e")}) | {tail(state)})')
+        self.rules[name] = _alternatives(options)
+        return name
+
+    def _short(self, skill: str) -> str:
+        return self.profile.skill(skill).short
+
+    def _named(self, skill: str, *names: str) -> str:
+        """A call of a skill whose arguments are these object names (or places)."""
+        quoted = ' "," '.join(f'"\'" {name} "\'"' for name in names)
+        return f'{_literal(self._short(skill) + "(")} {quoted} ")"'
+
+    def _calls(self, query_only: bool, hand: str = '') -> str:
+        name = 'query-call' if query_only else f'call{"-" if hand else ""}{hand}'
+        if name in self.rules:
+            return name
+        barred: set[str] = set()
+        if hand and self.gripper is not None:
+            # Taking and putting are written by a sequence (after a reach), and so are a
+            # reach and letting go while holding; a body that keeps the hand (k) neither
+            # takes, puts nor lets go.
+            barred = {self.gripper.take, self.gripper.put}
+            if hand in ('e', 'hs'):
+                barred.add(self.gripper.reach)
+            if hand in ('k', 'hs'):
+                barred.add(self.gripper.open)
+        skills: list[Skill] = [
+            s for s in self.profile.skills if (s.query or not query_only)
+            and (self.objects or not self._names_things(s.args)) and s.name not in barred]
         self.rules[name] = _alternatives(self._skill_call(s.short, s.args) for s in skills)
         return name
 

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -21,8 +22,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from timelyllm_ros.errors import ProfileError
+from timelyllm_ros.language.examples import ExamplePool
 from timelyllm_ros.language.exec_time import ExecTimeModel
 from timelyllm_ros.safe_files import Limits, ProfileInputError, load_yaml
+
+NEXT_TASK = '\nTask:'
+"""Where a few-shot transcript goes on to another task: a model that writes it after its answer
+(a model without a chat template continues the transcript) has ended its answer there."""
 
 
 def _bundled_profiles_dir() -> Path:
@@ -201,14 +207,63 @@ class Skill(BaseModel):
         return f'{self.short}({args})'
 
 
+class GripperRule(BaseModel):
+    """How a robot that holds one thing at a time uses its gripper, by skill name: it reaches a
+    thing (``reach(object)``), takes the thing it reached (``take(object)``) when it holds
+    nothing, puts what it holds where it reached (``put(object, where)``; a ``where`` of
+    ``near_x`` or ``on_x`` is at ``x``), and ``open()`` lets go of it. The plan judge checks plans
+    against it, and a grounded plan grammar lets a model write only plans that keep it."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    reach: str = 'move_to'
+    take: str = 'pick'
+    put: str = 'place'
+    open: str = 'release'
+
+
 class PromptParts(BaseModel):
-    """The fixed parts of a planning prompt for one robot kind."""
+    """The parts of a planning prompt for one robot kind: fixed ones, and examples chosen per
+    task from a pool (:mod:`~timelyllm_ros.language.examples`)."""
 
     model_config = ConfigDict(extra='forbid', frozen=True)
 
     system: str
     guidance: str = ''
-    examples: list[dict[str, str]] = Field(default_factory=list)
+    examples: list[dict[str, str]] = Field(
+        default_factory=list,
+        description='Examples every prompt shows (the cacheable prefix), each {task, plan}.')
+    example_pool: list[dict[str, str]] = Field(
+        default_factory=list,
+        description='Examples of which each task is shown the closest ones, after the fixed '
+                    'examples, the closest last.')
+    pool_examples: int = Field(
+        default=0, ge=0, le=16,
+        description='How many examples of the pool each task is shown.')
+
+    @model_validator(mode='after')
+    def _examples_complete(self) -> PromptParts:
+        for example in (*self.examples, *self.example_pool):
+            if set(example) != {'task', 'plan'}:
+                raise ValueError(f'an example has the keys task and plan, not {sorted(example)}')
+        if self.pool_examples > len(self.example_pool):
+            raise ValueError(f'pool_examples is {self.pool_examples} but the example_pool '
+                             f'holds {len(self.example_pool)}')
+        return self
+
+    @property
+    def all_examples(self) -> list[dict[str, str]]:
+        """The fixed examples and the pool's."""
+        return [*self.examples, *self.example_pool]
+
+    @cached_property
+    def pool(self) -> ExamplePool:
+        """The example pool with its words counted (once)."""
+        return ExamplePool.build(self.example_pool)
+
+    def examples_for(self, task: str) -> list[Mapping[str, str]]:
+        """The examples a task's prompt shows: the fixed ones, then the pool's closest."""
+        return [*self.examples, *self.pool.closest(task, self.pool_examples)]
 
 
 class RobotProfile(BaseModel):
@@ -250,6 +305,9 @@ class RobotProfile(BaseModel):
         min_length=1, description='Says which figures were measured and which are derived.'
     )
     skills: list[Skill] = Field(default_factory=list)
+    gripper: GripperRule | None = Field(
+        default=None,
+        description='The robot holds one thing at a time with these skills (an arm).')
     prompt: PromptParts
 
     @model_validator(mode='after')
@@ -264,7 +322,22 @@ class RobotProfile(BaseModel):
                 if seen.get(key, skill.name) != skill.name:
                     raise ValueError(f'skill key {key!r} used by {seen[key]} and {skill.name}')
                 seen[key] = skill.name
+        if self.gripper is not None:
+            self._check_gripper(self.gripper, {s.name: s for s in self.skills})
         return self
+
+    @staticmethod
+    def _check_gripper(gripper: GripperRule, skills: dict[str, Skill]) -> None:
+        wanted = {gripper.reach: ('object',), gripper.take: ('object',),
+                  gripper.put: ('object', 'where'), gripper.open: ()}
+        for name, args in wanted.items():
+            skill = skills.get(name)
+            if skill is None:
+                raise ValueError(f'gripper: no skill named {name!r}')
+            if tuple(a.name for a in skill.args) != args or any(
+                    a.type != 'str' for a in skill.args):
+                raise ValueError(f'gripper: {name} must take the string arguments '
+                                 f'({", ".join(args)})')
 
     @cached_property
     def skill_index(self) -> dict[str, Skill]:
@@ -288,16 +361,19 @@ class RobotProfile(BaseModel):
         return len(text.split()) * 60.0 / self.words_per_minute
 
     def build_prompt(self, task: str) -> str:
-        """The full planning prompt: fixed parts from the profile plus the task line."""
-        return f'{self.prompt_prefix}\n\nTask: {task}\nPlan:'
+        """The full planning prompt: the fixed parts (:attr:`prompt_prefix`), the pool's
+        examples closest to the task, then the task line."""
+        chosen = self.prompt.pool.closest(task, self.prompt.pool_examples)
+        parts = [self.prompt_prefix, *(_example_text(e) for e in chosen), f'Task: {task}\nPlan:']
+        return '\n\n'.join(parts)
 
     def build_messages(self, task: str) -> tuple[tuple[str, str], ...]:
         """The planning prompt as chat turns ``(role, content)`` for a model's chat template:
         the instructions as the system turn, each example as a user turn answered by an
-        assistant turn, then the task. Everything before the task is the same for every task
-        of the robot kind, so the rendered prompt keeps a cacheable prefix."""
+        assistant turn, then the task. The instructions and fixed examples are the same for
+        every task of the robot kind (a cacheable prefix); the pool's examples follow."""
         turns = [('system', self.instructions)]
-        for example in self.prompt.examples:
+        for example in self.prompt.examples_for(task):
             turns += [('user', example['task']), ('assistant', example['plan'])]
         turns.append(('user', task))
         return tuple(turns)
@@ -317,10 +393,12 @@ class RobotProfile(BaseModel):
     def prompt_prefix(self) -> str:
         """The fixed part of every plain-text prompt of this robot kind (cacheable by the
         engine): the instructions and the examples."""
-        parts = [self.instructions]
-        for example in self.prompt.examples:
-            parts.append(f"Task: {example['task']}\nPlan: {example['plan']}")
-        return '\n\n'.join(parts)
+        return '\n\n'.join([self.instructions, *map(_example_text, self.prompt.examples)])
+
+
+def _example_text(example: Mapping[str, str]) -> str:
+    """An example as a plain-text prompt writes it."""
+    return f"Task: {example['task']}\nPlan: {example['plan']}"
 
 
 def _format_location(loc: tuple[int | str, ...], data: object) -> str:

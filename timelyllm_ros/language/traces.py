@@ -80,8 +80,8 @@ _CACHE: dict[str, TraceSet] = {}
 
 
 def trace_set_path(name_or_path: str | Path) -> Path:
-    """A bundled trace set by name (``derived``; ``heldback``: robot tasks kept out of every
-    prompt, for plan quality) or any trace-set YAML by path."""
+    """A bundled trace set by name (``derived``; ``heldback`` and ``heldback2``: robot tasks kept
+    out of every prompt, for plan quality) or any trace-set YAML by path."""
     candidate = Path(name_or_path)
     if candidate.suffix in ('.yaml', '.yml'):
         return candidate
