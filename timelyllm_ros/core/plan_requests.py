@@ -14,7 +14,7 @@ from timelyllm_ros.core.request import TaskSpec
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.language.grammar import plan_grammar
 from timelyllm_ros.language.grounding import task_objects
-from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.language.profiles import NEXT_TASK, RobotProfile, load_profile
 
 REPETITION_PENALTY = 1.1
 """Greedy decoding of plans lowers the logits of tokens already written by this factor: small
@@ -26,9 +26,10 @@ def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_to
                  task_tokens: int = 0, script: tuple[str, ...] | None = None,
                  grammar: bool = False, zero_utility_s: float | None = None) -> EngineRequest:
     """The engine request of one task for a robot kind: its prompt (plain and as chat turns),
-    token limit, the cacheable prefix of the kind, the decoding's repetition penalty, and with
-    ``grammar`` the profile's plan grammar grounded in the task (objects named only from its
-    scene and text), ended early rather than cut inside a statement at the token limit."""
+    token limit, the cacheable prefix of the kind, the decoding's repetition penalty, the end of
+    the answer where a transcript would go on to another task, and with ``grammar`` the
+    profile's plan grammar grounded in the task (objects named only from its scene and text),
+    ended early rather than cut inside a statement at the token limit."""
     compiled = plan_grammar(profile, task_objects(task)) if grammar else None
     return EngineRequest(
         request_id=request_id, prompt=profile.build_prompt(task), prompt_tokens=prompt_tokens,
@@ -38,7 +39,7 @@ def plan_request(profile: RobotProfile, request_id: str, task: str, *, prompt_to
         grammar=compiled.gbnf if compiled is not None else None,
         end_within=2 * profile.max_segment_tokens if compiled is not None else 0,
         messages=profile.build_messages(task), repetition_penalty=REPETITION_PENALTY,
-        zero_utility_s=zero_utility_s,
+        zero_utility_s=zero_utility_s, stop=NEXT_TASK,
     )
 
 

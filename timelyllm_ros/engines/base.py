@@ -46,6 +46,9 @@ class EngineRequest:
     zero_utility_s: float | None = None        # how long after its arrival the goal's first
                                                # segment stops earning utility (its TUF's
                                                # zero-utility time; None: never)
+    stop: str = ''                             # text that ends the generation before it (not
+                                               # in its text): the next turn of a few-shot
+                                               # transcript, for models without a chat template
 
 
 KvLocation = Literal['device', 'host', 'none']   # where a real engine holds a context's KV

@@ -5,7 +5,8 @@ backend; what they keep per generation is the same and lives here: the token ids
 re-tokenized text), the teacher-forced ids of ``force_script``, the incremental detokenizer and
 the grammar state. :func:`take_token` is the one rule for a produced token: a forced token
 replaces it, end of text ends the generation, the grammar advances, the text piece is decoded,
-and the token limit or the context ends it with ``length``.
+the request's stop text ends it (text that may begin the stop text is held back until it is
+told apart), and the token limit or the context ends it with ``length``.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class KeptTokens:
     detokenizer: Detokenizer | None = None
     grammar: TokenGrammar | None = None      # the plan grammar's state after output_ids
     grammar_s: float = 0.0                   # time spent in the grammar (checks, masks)
+    held: str = ''                           # decoded text that may begin the stop text
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -191,8 +193,9 @@ def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool]
         max_context: Tokens a generation may hold, prompt included.
 
     Returns:
-        The token's new text (``None`` when nothing was appended) and why the generation
-        ended (``None`` while it goes on).
+        The token's new text (``None`` when nothing was appended; '' while text is held back
+        as a possible start of the stop text) and why the generation ended (``None`` while it
+        goes on).
 
     Raises:
         EngineError: the grammar refuses the token (the engine chose outside its mask).
@@ -200,10 +203,10 @@ def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool]
     if generation.forced is not None:
         index = len(generation.output_ids)
         if index >= len(generation.forced):
-            return None, 'eos'
+            return _release_held(generation), 'eos'
         token = generation.forced[index]
     elif is_eos(token):
-        return None, 'eos'
+        return _release_held(generation), 'eos'
     elif generation.grammar is not None:
         started = time.perf_counter()
         generation.grammar.accept(token)
@@ -211,7 +214,24 @@ def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool]
     generation.output_ids.append(token)
     piece = (generation.detokenizer.text(generation.ids(), 1)
              if generation.detokenizer is not None else '')
+    stop = generation.request.stop
+    if stop and generation.forced is None:
+        text = generation.held + piece
+        at = text.find(stop)
+        if at >= 0:                          # the model began the next turn: the answer ended
+            generation.held = ''
+            return text[:at], 'eos'
+        keep = next((n for n in range(min(len(stop) - 1, len(text)), 0, -1)
+                     if stop.startswith(text[-n:])), 0)
+        generation.held = text[len(text) - keep:]
+        piece = text[:len(text) - keep]
     if (len(generation.output_ids) >= generation.request.max_tokens
             or generation.total >= max_context):
-        return piece, 'length'
+        return piece + (_release_held(generation) or ''), 'length'
     return piece, None
+
+
+def _release_held(generation: KeptTokens) -> str | None:
+    """The text held back at the end of a generation (it did not begin the stop text)."""
+    held, generation.held = generation.held, ''
+    return held or None
