@@ -458,9 +458,20 @@ class LlamaCppEngine(RealEngine[_Generation]):
                            grammar=grammar)
 
     def _fits(self, generation: _Generation) -> bool:
-        used = sum(self._kv_need(self._generations[r]) for r in self._running)
-        used += sum(len(p.ids) for p in self._prefixes.values())
-        return used + self._kv_need(generation) <= self.kv_tokens
+        """Whether the generation fits beside the running ones and the prompt prefixes they
+        share. A cached prefix no running generation shares is a cache that a decode short of
+        cells drops (:meth:`_make_room`): counting it let a prefix hold a goal back while
+        nothing ran (four goals on kv_tokens=1024, once each prompt had its own examples)."""
+        running = [self._generations[r] for r in self._running]
+        used = sum(self._kv_need(g) for g in running)
+        shared = {g.request.prefix_id for g in running if g.location == 'device' and g.shared}
+        used += sum(len(p.ids) for key, p in self._prefixes.items() if key in shared)
+        need = self._kv_need(generation)
+        prefix_id = generation.request.prefix_id
+        if generation.location == 'none' and prefix_id in self._prefixes and \
+                prefix_id not in shared:
+            need = generation.total + self._headroom(generation)   # its prompt, whole
+        return used + need <= self.kv_tokens
 
     def fits_when_idle(self, request_id: str) -> bool:
         """Whether the generation fits in the context with nothing else in it: every other

@@ -199,10 +199,12 @@ class PlannerService:
         task_id = f'{goal.robot_id}#{next(self._ids)}'
         if script is None:
             # A real engine tokenizes the prompt itself; the scheduler's estimates need its
-            # size (about four characters a token), and a task part makes the kind's fixed
-            # prompt a shared prefix.
-            prompt_tokens = max(2, len(profile.build_prompt(goal.task)) // 4)
-            task_tokens = min(prompt_tokens - 1, max(1, len(goal.task) // 4))
+            # size (about four characters a token), and the part after the kind's fixed
+            # prefix (the examples chosen for the task, the task) is the goal's own.
+            prompt = profile.build_prompt(goal.task)
+            prompt_tokens = max(2, len(prompt) // 4)
+            own = len(prompt) - len(profile.prompt_prefix)
+            task_tokens = min(prompt_tokens - 1, max(1, own // 4))
         else:
             prompt_tokens, task_tokens = script.prompt_tokens, script.task_tokens
         return TaskSpec(
