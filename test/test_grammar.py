@@ -145,30 +145,41 @@ def test_random_walks_through_the_grammar_give_valid_plans(byte_tokenizer, robot
     profile = load_profile(robot)
     grammar = plan_grammar(profile)
     assert grammar is not None
-    rng = random.Random(robot)
-    ended = 0
-    for _ in range(150):
-        state = byte_tokenizer.grammar(grammar.gbnf)
-        out = bytearray()
-        for _ in range(400):
-            logits = np.zeros(258, dtype=np.float32)
-            state.restrict(logits)
-            allowed = np.flatnonzero(np.isfinite(logits))
-            if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.25):
-                break
-            byte = int(rng.choice(allowed[allowed != EOS]))
-            state.accept(byte)
-            out.append(byte)
-        else:
-            continue          # still open after 400 bytes: nothing to check
-        ended += 1
-        text = out.decode('utf-8')
+    plans = random_plans(byte_tokenizer, grammar.gbnf, random.Random(robot))
+    for text in plans:
         cuts = segment_text(profile, text)
         assert not [r for cut in cuts for r in cut.rejected], text
         statements = [s for cut in cuts for s in cut.statements]
         assert statements, text
         assert all(statement_problem(profile, s) is None for s in statements), text
-    assert ended >= 50
+    assert len(plans) >= 50
+
+
+def random_plans(tokenizer: LlguidanceTokenizer, gbnf: str, rng: random.Random, *,
+                 walks: int = 150, max_bytes: int = 400, end_chance: float = 0.25,
+                 toward: bytes = b'') -> list[str]:
+    """The plans of random byte walks through a grammar that ended within ``max_bytes`` (a
+    walk still open then is dropped); where it may, a walk picks a byte of ``toward`` nine
+    times in ten."""
+    plans = []
+    for _ in range(walks):
+        state = tokenizer.grammar(gbnf)
+        out = bytearray()
+        for _ in range(max_bytes):
+            logits = np.zeros(258, dtype=np.float32)
+            state.restrict(logits)
+            allowed = np.flatnonzero(np.isfinite(logits))
+            if EOS in allowed and (len(allowed) == 1 or rng.random() < end_chance):
+                plans.append(out.decode('utf-8'))
+                break
+            choices = allowed[allowed != EOS]
+            leaning = choices[np.isin(choices, list(toward))]
+            if len(leaning) and rng.random() < 0.9:
+                choices = leaning
+            byte = int(rng.choice(choices))
+            state.accept(byte)
+            out.append(byte)
+    return plans
 
 
 def test_a_grounded_grammar_names_only_the_tasks_objects(byte_tokenizer) -> None:
@@ -245,30 +256,14 @@ def test_random_arm_plans_of_the_grounded_grammar_keep_the_gripper_rule(byte_tok
     profile = load_profile('indy7')
     assert profile.gripper is not None
     gbnf = plan_grammar(profile, task_objects(ARM_TASK)).gbnf
-    rng = random.Random(27)
-    ended = taken = placed = 0
-    for _ in range(150):
-        state = byte_tokenizer.grammar(gbnf)
-        out = bytearray()
-        for _ in range(1500):
-            logits = np.zeros(258, dtype=np.float32)
-            state.restrict(logits)
-            allowed = np.flatnonzero(np.isfinite(logits))
-            if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.05):
-                break
-            choices = allowed[allowed != EOS]
-            # lean toward the gripper's skills, which a uniform walk almost never spells
-            toward = choices[np.isin(choices, list(b"move_to(pick(place(';"))]
-            byte = int(rng.choice(toward if len(toward) and rng.random() < 0.9 else choices))
-            state.accept(byte)
-            out.append(byte)
-        else:
-            continue
-        ended += 1
-        text = out.decode('utf-8')
+    # lean toward the gripper's skills, which a uniform walk almost never spells
+    plans = random_plans(byte_tokenizer, gbnf, random.Random(27), max_bytes=1500,
+                         end_chance=0.05, toward=b"move_to(pick(place(';")
+    for text in plans:
         assert arm_problem(plan_calls(profile, text), profile.gripper) == '', text
-        taken += "pick('" in text
-        placed += "place('" in text
+    ended = len(plans)
+    taken = sum("pick('" in text for text in plans)
+    placed = sum("place('" in text for text in plans)
     assert ended >= 50 and taken >= 20 and placed >= 3, (ended, taken, placed)
 
 
