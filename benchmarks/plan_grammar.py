@@ -7,7 +7,8 @@ For every robot task of the bundled and held-back trace sets, the plan grammar a
 built from scratch (Python, :class:`~timelyllm_ros.language.grammar` with its cache cleared),
 then compiled by the CPU engine's grammar sampler (llama.cpp, the model's vocabulary) and, when
 llguidance is installed, by llguidance over the same vocabulary (the transformers and vLLM
-engines' matcher). It prints the median and the largest time per goal and robot kind, with the
+engines' matcher: cold, and again for a goal of the same scene, which copies the compiled
+matcher). It prints the median and the largest time per goal and robot kind, with the
 gripper rule and without it (``gripper: null``), and the grammar's size. The per-token cost of
 a grammar is measured where plans are generated: ``timelyllm plan-quality`` prints the
 grammar's share of decode time.
@@ -85,6 +86,9 @@ def main() -> None:
                     llguidance.grammar(gbnf)
                 figures.setdefault('llguidance_ms', []).append(
                     timed(compile_llguidance, args.repeats))
+                # the next goal of the same scene: a copy of the compiled matcher
+                figures.setdefault('llguidance_again_ms', []).append(
+                    timed(lambda gbnf=gbnf: llguidance.grammar(gbnf), args.repeats))
             figures.setdefault('kbytes', []).append(len(gbnf) / 1e3)
     engine.close()
 

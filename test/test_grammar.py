@@ -277,3 +277,23 @@ def test_every_reference_plan_is_in_its_tasks_grounded_grammar(byte_tokenizer) -
                 grammar = plan_grammar(load_profile(trace.robot), task_objects(trace.task))
                 assert grammar is not None
                 assert accepts(byte_tokenizer, grammar.gbnf, trace.plan), (name, trace.id)
+
+
+def test_goals_of_one_grammar_share_its_compile_and_keep_their_own_state(byte_tokenizer) -> None:
+    from timelyllm_ros.engines import constraint
+
+    gbnf = plan_grammar(load_profile('tello'), ('cat',)).gbnf
+    first, second = byte_tokenizer.grammar(gbnf), byte_tokenizer.grammar(gbnf)
+    for byte in b"s('cat')":
+        first.accept(byte)
+    assert first.allows(ord(';')) and not second.allows(ord(';'))
+    assert second.allows(ord('s'))
+    assert len(byte_tokenizer._compiled) <= constraint.MATCHERS_KEPT
+    kept = constraint.MATCHERS_KEPT
+    try:
+        constraint.MATCHERS_KEPT = 2
+        for name in ('dog', 'cup', 'box'):
+            byte_tokenizer.grammar(plan_grammar(load_profile('tello'), (name,)).gbnf)
+        assert len(byte_tokenizer._compiled) == 2
+    finally:
+        constraint.MATCHERS_KEPT = kept

@@ -266,7 +266,10 @@ class _GrammarWriter:
         whether it was a take's or a put's: an object named by two parallel paths (the
         statements' object rule and a take's literal) would be two lexemes for one text,
         which llguidance's lexer does not follow."""
-        name = f'seq-{"c" if closed else "o"}-{state}-{depth}-{budget}'
+        # one open sequence (the plan) and one closed (the top level's conditions): neither
+        # depth nor budget varies, so the names leave them out (the grammar is shorter)
+        name = f'seq-{"c" if closed else "o"}-{state}'
+        assert (depth, closed) in ((0, False), (1, True)), (depth, closed)
         if name in self.rules:
             return name
         self.rules[name] = ''
@@ -274,30 +277,48 @@ class _GrammarWriter:
         gripper, objects = self.gripper, self.objects
 
         def tail(state_after: str) -> str:
+            """The rule of what may follow a statement that leaves the hand in a state."""
             rest = self._sequence(state_after, depth, budget, closed)
-            return f'sep {rest}' if closed and state_after != 'e' else f'(sep {rest})?'
+            after = f'then-{rest[4:]}'
+            if after not in self.rules:
+                self.rules[after] = (f'sep {rest}' if closed and state_after != 'e'
+                                     else f'(sep {rest})?')
+            return after
 
         if state == 'e':
             options = [f'{self._statement(depth, budget, "e")} {tail("e")}']
-            for thing in objects:
-                taken = self._named(gripper.take, _literal(thing))
-                index = str(objects.index(thing))
-                options.append(f'{self._named(gripper.reach, _literal(thing))} '
-                               f'((sep {taken} {tail(index)}) | {tail("e")})')
+            for index in range(len(objects)):
+                reach, take = self._hand_rules(index)[:2]
+                options.append(f'{reach} ((sep {take} {tail(str(index))}) | {tail("e")})')
         else:
-            held = _literal(objects[int(state)])
-            places = _alternatives(_literal(prefix) for prefix in PLACE_PREFIXES)
+            held = int(state)
             options = [f'{self._statement(depth, budget, "hs")} {tail(state)}',
                        f'{_literal(self._short(gripper.open) + "()")} {tail("e")}']
-            for spot in objects:
-                reach = self._named(gripper.reach, _literal(spot))
-                if spot == objects[int(state)]:
+            put = self._hand_rules(held)[2]
+            for index in range(len(objects)):
+                reach, spot = self._hand_rules(index)[0], self._hand_rules(index)[3]
+                if index == held:
                     options.append(f'{reach} {tail(state)}')
-                    continue
-                put = self._named(gripper.put, held, f'({places})? {_literal(spot)}')
-                options.append(f'{reach} ((sep {put} {tail("e")}) | {tail(state)})')
+                else:
+                    options.append(f'{reach} ((sep {put} {spot} {tail("e")}) | {tail(state)})')
         self.rules[name] = _alternatives(options)
         return name
+
+    def _hand_rules(self, index: int) -> tuple[str, str, str, str]:
+        """The rules naming object ``index`` in the hand's calls: its reach, its take, the head
+        of a put of it (``place('cup',``) and a put's place at it (``'near_cup')``). Written
+        once and referred to: a sequence names every pair of held object and place."""
+        assert self.gripper is not None and self.objects is not None
+        names = (f'reach-{index}', f'take-{index}', f'put-{index}', f'at-{index}')
+        if names[0] not in self.rules:
+            thing = _literal(self.objects[index])
+            places = _alternatives(_literal(prefix) for prefix in PLACE_PREFIXES)
+            self.rules[names[0]] = self._named(self.gripper.reach, thing)
+            self.rules[names[1]] = self._named(self.gripper.take, thing)
+            put = _literal(self._short(self.gripper.put) + '(')
+            self.rules[names[2]] = f'{put} "\'" {thing} "\'" ","'
+            self.rules[names[3]] = f'"\'" ({places})? {thing} "\'" ")"'
+        return names
 
     def _short(self, skill: str) -> str:
         return self.profile.skill(skill).short
