@@ -297,3 +297,17 @@ def test_goals_of_one_grammar_share_its_compile_and_keep_their_own_state(byte_to
         assert len(byte_tokenizer._compiled) == 2
     finally:
         constraint.MATCHERS_KEPT = kept
+
+
+@pytest.mark.parametrize('robot, objects, plan', [
+    ('tello', ('cat',), "s('cat');g('cat')"),
+    ('indy7', ('cup', 'tray'), "move_to('cup');pick('cup')"),
+])
+def test_a_plan_may_end_with_a_separator_a_newline_or_both(byte_tokenizer, robot, objects,
+                                                           plan) -> None:
+    """llguidance refused a plan ending ';\\n' (the root's own ';' beside the separator's):
+    a model that ended a plan so was made to write another statement."""
+    gbnf = plan_grammar(load_profile(robot), objects).gbnf
+    for end, inside in (('', True), (';', True), (';\n', True), ('\n', True), (';;', False),
+                        ('\n\n', False), ('\n;', False)):
+        assert accepts(byte_tokenizer, gbnf, plan + end) is inside, repr(end)

@@ -7,7 +7,7 @@ printable characters (a letter or digit first, then letters, digits, space, ``_-
 conditions that call a query skill; loops whose counts (multiplied when nested) stay within
 ``max_loop_count``; bodies nested at most ``max_nesting_depth`` deep; and the end of text only
 after a complete statement. Statements are separated by ``;`` (optionally followed by a
-newline); the last statement may be followed by a ``;`` and a newline, which end the plan; the
+newline); the last statement may be followed by a ``;``, a newline or both, which end the plan; the
 grammar writes no other whitespace, which keeps plans short.
 
 The text is GBNF (llama.cpp's grammar format): llama.cpp's grammar sampler reads it as is,
@@ -214,8 +214,10 @@ class _GrammarWriter:
         self.rules['comparison'] = f'({operators}) literal'
         # The plan may end after a separator (tokenizers merge ");" into one token: without
         # it the end of text would never be allowed at a token boundary), and a newline there
-        # ends it: small models go on with another "Task:" instead.
-        ordered = {'root': f'" "? {plan} ";"? "\\n"?', **self.rules}
+        # ends it: small models go on with another "Task:" instead. The end is the separator
+        # rule itself: a ";" of its own beside it was a second lexeme for the same text, and
+        # llguidance then refused a plan ending ";\n".
+        ordered = {'root': f'" "? {plan} (sep | "\\n")?', **self.rules}
         return ''.join(f'{name} ::= {body}\n' for name, body in ordered.items())
 
     def _statement(self, depth: int, budget: int, hand: str = '') -> str:
