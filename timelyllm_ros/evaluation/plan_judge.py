@@ -111,7 +111,7 @@ def arm_problem(calls: Sequence[SkillCall], gripper: GripperRule | None = None) 
             if holding is not None:
                 return f'{call.text}: already holding {holding!r}'
             if at != target:
-                return f'{call.text}: the arm is not at {target!r} (no move_to it before)'
+                return f'{call.text}: the arm is not at {target!r} (no {rule.reach} it before)'
             holding = target
         elif call.skill == rule.put:
             if holding != target:
@@ -120,7 +120,7 @@ def arm_problem(calls: Sequence[SkillCall], gripper: GripperRule | None = None) 
             where = str(call.args.get('where', ''))
             spot = next((where[len(p):] for p in PLACE_PREFIXES if where.startswith(p)), where)
             if at != spot:
-                return f'{call.text}: the arm is not at {spot!r} (no move_to it before)'
+                return f'{call.text}: the arm is not at {spot!r} (no {rule.reach} it before)'
             holding = None
         elif call.skill == rule.open:
             holding = None

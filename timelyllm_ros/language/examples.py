@@ -21,9 +21,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from timelyllm_ros.language.grounding import task_text, words
+
 _TAG = re.compile(r'Task:\s*\[([A-Z])\]')
-_TASK_TEXT = re.compile(r'Task:\s*(?:\[[A-Z]\])?\s*(.*)', re.S)
-_WORD = re.compile(r'[a-z]+')
 
 FUNCTION_WORDS = frozenset("""
 a an the and or but if so of to at by for from with is are was were be been it its this that
@@ -35,9 +35,7 @@ did have has had then
 
 def task_features(task: str) -> frozenset[str]:
     """The words a task is compared by: its text's words less function words, and its tag."""
-    match = _TASK_TEXT.search(task)
-    text = match.group(1) if match else task
-    features = {w for w in _WORD.findall(text.lower()) if w not in FUNCTION_WORDS}
+    features = words(task_text(task)) - FUNCTION_WORDS
     tag = _TAG.search(task)
     if tag:
         features.add(f'[{tag.group(1).lower()}]')
@@ -58,22 +56,22 @@ class ExamplePool:
         """Count the pool's words (the pool is a profile's, so this runs once per profile)."""
         features = tuple(task_features(e['task']) for e in examples)
         counts: dict[str, int] = {}
-        for words in features:
-            for word in words:
+        for named in features:
+            for word in named:
                 counts[word] = counts.get(word, 0) + 1
         n = len(examples)
         weights = {w: math.log((n + 1) / (c + 1)) + 1.0 for w, c in counts.items()}
-        norms = tuple(math.sqrt(sum(weights[w] ** 2 for w in words)) or 1.0
-                      for words in features)
+        norms = tuple(math.sqrt(sum(weights[w] ** 2 for w in named)) or 1.0
+                      for named in features)
         return cls(tuple(examples), features, weights, norms)
 
     def scores(self, task: str) -> list[float]:
         """Each example's closeness to the task, in pool order (0 shares no word, 1 same words).
         A word the pool does not have weighs as much as the rarest pool word."""
-        words = task_features(task)
+        asked = task_features(task)
         rare = max(self.weights.values(), default=1.0)
-        norm = math.sqrt(sum(self.weights.get(w, rare) ** 2 for w in words)) or 1.0
-        return [sum(self.weights[w] ** 2 for w in words & features) / (norm * example_norm)
+        norm = math.sqrt(sum(self.weights.get(w, rare) ** 2 for w in asked)) or 1.0
+        return [sum(self.weights[w] ** 2 for w in asked & features) / (norm * example_norm)
                 for features, example_norm in zip(self.features, self.norms, strict=True)]
 
     def closest(self, task: str, k: int) -> list[Mapping[str, str]]:

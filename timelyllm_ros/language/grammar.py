@@ -298,7 +298,7 @@ class _GrammarWriter:
                        f'{_literal(self._short(gripper.open) + "()")} {tail("e")}']
             put = self._hand_rules(held)[2]
             for index in range(len(objects)):
-                reach, spot = self._hand_rules(index)[0], self._hand_rules(index)[3]
+                reach, _, _, spot = self._hand_rules(index)
                 if index == held:
                     options.append(f'{reach} {tail(state)}')
                 else:

@@ -58,13 +58,18 @@ def scene_objects(task: str) -> list[str]:
     return names
 
 
+def task_text(task: str) -> str:
+    """A task's text, after its scene line and tag (the whole text if it has neither)."""
+    match = _TASK_TEXT.search(task)
+    return match.group(1) if match else task
+
+
 def task_objects(task: str) -> tuple[str, ...]:
     """The objects a plan for this task may name, in order of first mention, without
     duplicates: the scene's, then the task text's words of three letters or more (a skill's
     short name in an execution history is not a thing) and neighbouring word pairs."""
     names = [name.lower() for name in scene_objects(task)]
-    match = _TASK_TEXT.search(task)
-    text = match.group(1) if match else task
+    text = task_text(task)
     run: list[str] = []
     for token in re.findall(r'[A-Za-z]+|[^A-Za-z\s]', text):
         word = token.lower()

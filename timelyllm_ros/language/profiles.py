@@ -363,9 +363,8 @@ class RobotProfile(BaseModel):
     def build_prompt(self, task: str) -> str:
         """The full planning prompt: the fixed parts (:attr:`prompt_prefix`), the pool's
         examples closest to the task, then the task line."""
-        chosen = self.prompt.pool.closest(task, self.prompt.pool_examples)
-        parts = [self.prompt_prefix, *(_example_text(e) for e in chosen), f'Task: {task}\nPlan:']
-        return '\n\n'.join(parts)
+        examples = map(_example_text, self.prompt.examples_for(task))
+        return '\n\n'.join([self.instructions, *examples, f'Task: {task}\nPlan:'])
 
     def build_messages(self, task: str) -> tuple[tuple[str, str], ...]:
         """The planning prompt as chat turns ``(role, content)`` for a model's chat template:
