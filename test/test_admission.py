@@ -6,6 +6,9 @@ The tiny calibration (test/utils.py) has prefill 0.1 ms/token and decode steps o
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
+
 import pytest
 from utils import make_spec, tiny_calibration
 
@@ -270,3 +273,59 @@ def test_the_lost_tally_follows_the_queue_through_an_admission_round() -> None:
         fresh = lost_slopes(view, now, len(scheduler.queue))
         assert tally.slopes()[1] == fresh[1]
         assert tally.slopes()[0] == pytest.approx(fresh[0], abs=1e-9)
+
+
+# -- the delay cost's running sums (issue 32) --------------------------------------------------
+def _random_batch(engine: SimulatedEngine, rng: random.Random, size: int) -> list[Generation]:
+    """Running generations with budgets around 0 (late and on time) and every TUF class."""
+    batch = []
+    for i in range(size):
+        g = _add(engine, f'r{i}', 10, task_class=rng.choice(['urgent', 'normal']),
+                 arrival=rng.uniform(-0.6, 0.3), segment_tokens=rng.randrange(0, L_MAX + 2))
+        g.status = TaskStatus.RUNNING
+        batch.append(g)
+    return batch
+
+
+@pytest.mark.parametrize('seed', range(40))
+def test_the_bounded_delay_test_gives_the_exact_verdict(seed: int) -> None:
+    """delay_cost_within answers ``delay_cost <= gain`` exactly, whether the running sums or
+    the sum over the batch settle it: gains on both sides of the cost, at it, and at 0."""
+    from timelyllm_ros.core.admission import BatchColumns, delay_cost_within
+
+    rng = random.Random(seed)
+    engine = SimulatedEngine(calibration=tiny_calibration(gpu_kv_tokens=1 << 20, max_num_seqs=64))
+    batch = _random_batch(engine, rng, rng.randrange(1, 40))
+    recent = rng.choice([None, 0.021, 0.05])
+    ctx = replace(_ctx(engine, batch, max_batch=64, recent_step_s=recent),
+                  batch_columns=BatchColumns())
+    for extra in (0.0, 0.004, rng.uniform(0.0, 0.2)):
+        cost = delay_cost(extra, ctx)
+        for gain in (cost, cost * (1 + 1e-12), cost * (1 - 1e-12), cost + 0.5,
+                     max(cost - 0.5, 0.0), 0.0, rng.uniform(0.0, 2 * cost + 1.0)):
+            assert delay_cost_within(gain, extra, ctx) == (cost <= gain), (extra, gain, cost)
+
+
+def test_the_batch_columns_follow_a_round_of_admissions_like_a_fresh_build() -> None:
+    from timelyllm_ros.core.admission import BatchColumns
+
+    rng = random.Random(7)
+    engine = SimulatedEngine(calibration=tiny_calibration(gpu_kv_tokens=1 << 20, max_num_seqs=64))
+    batch = _random_batch(engine, rng, 30)
+    running: dict[str, Generation] = {g.task_id: g for g in batch[:5]}
+    kept = BatchColumns()
+    ctx = _ctx(engine, running.values(), max_batch=64, recent_step_s=0.03)  # type: ignore[arg-type]
+    for g in batch[5:]:
+        kept.of(ctx)
+        running[g.task_id] = g
+        fresh = BatchColumns().of(ctx)
+        kept.of(ctx)
+        assert kept.generations == fresh.generations
+        assert kept.most_urgent == fresh.most_urgent
+        assert kept.most_urgent_budget == fresh.most_urgent_budget
+        for column in ('remaining', 'budget', 'alpha'):
+            assert getattr(kept, column).tolist() == getattr(fresh, column).tolist()
+        assert kept.delay_floor(0.03).tolist() == fresh.delay_floor(0.03).tolist()
+        assert kept.weights == fresh.weights      # the same sums in the same order
+    del running[batch[9].task_id]                 # not an append: rebuilt
+    assert kept.of(ctx).generations == list(running.values())

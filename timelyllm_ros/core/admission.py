@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Collection, Reversible, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, overload
 
@@ -43,6 +43,7 @@ from timelyllm_ros.core.request import Generation
 from timelyllm_ros.engines.base import EngineView
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
+DecodeSteps = Callable[[int], float]    # batch size -> the engine's decode-step time (s)
 
 BatchMode = Literal['latency-guided', 'fixed']
 BATCH_MODES: tuple[BatchMode, ...] = ('latency-guided', 'fixed')
@@ -76,6 +77,8 @@ class AdmissionContext:
                                                 # within an admission round
     batch_columns: BatchColumns | None = None   # the running batch as arrays, kept up to
                                                 # date within an admission round
+    decode_steps: DecodeSteps | None = None     # the engine's decode-step model for an
+                                                # admission round (round_decode_steps)
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -186,14 +189,23 @@ def queue_loss_rate(ctx: AdmissionContext, lost_slopes: LostSlopes | None = None
     return total / count * min(count, free)
 
 
-DecodeSteps = Callable[[int], float]    # batch size -> the engine's decode-step time (s)
-
-
 def _decode_steps(ctx: AdmissionContext) -> DecodeSteps:
-    """The engine's decode-step model, each batch size asked once: one admission test asks
-    it for two sizes up to six times (within a test nothing changes the engine)."""
+    """The engine's decode-step model: the admission round's (:func:`round_decode_steps`),
+    else one for this test, each batch size asked once (one test asks it for two sizes up to
+    six times; within a test nothing changes the engine)."""
+    return ctx.decode_steps if ctx.decode_steps is not None else round_decode_steps(ctx.engine)
+
+
+def round_decode_steps(engine: EngineView) -> DecodeSteps:
+    """The engine's decode-step model for one admission round, each batch size asked once.
+
+    A round of k admissions tests batch sizes b, b + 1, …, b + k, each in two consecutive
+    tests; asking the engine each size once halves the model's cost per test. The engine's
+    answer for a size is the one it gave when first asked: admissions made later in the
+    round (each changes the batch's mean context a little) do not move it.
+    """
     known: dict[int, float] = {}
-    model = ctx.engine.decode_step_s
+    model = engine.decode_step_s
 
     def decode_s(batch_size: int) -> float:
         step = known.get(batch_size)
@@ -227,64 +239,154 @@ def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> fl
     return ctx.recent_step_s * (model_next / model_now if model_now > 0 else 1.0)
 
 
+@dataclass(slots=True)
+class DelayWeights:
+    """Running sums over a batch that bound :func:`delay_cost` without reading the batch.
+
+    A running generation with ``r`` tokens left, budget ``B`` and slope α loses
+    ``−α · max(0, extra + r·s′ − max(r·s, B))`` when a candidate joins (``s``, ``s′``: the
+    step times before and after; :func:`delay_cost`). With ``extra ≥ 0`` and ``s′ ≥ s`` that
+    is at most ``−α · (extra + r·(s′ − s))``, and exactly that once ``B ≤ 0`` (a late one). So
+    ``extra · Σ(−α) + (s′ − s) · Σ(−α·r)`` over the batch bounds the cost from above and the
+    same sums over the late ones bound it from below: under overload, where nearly every
+    running generation is late, the two meet and the test needs no pass over the batch. The
+    on-time ones lose nothing while the least of their budgets covers the run cost and the
+    longest of their remaining segments at ``s′``; then the lower bound is the cost.
+    """
+
+    weight: float = 0.0              # Σ −α
+    weighted_remaining: float = 0.0  # Σ −α·r
+    late_weight: float = 0.0         # Σ −α over the generations with budget ≤ 0
+    late_weighted_remaining: float = 0.0
+    on_time_least_budget: float = math.inf    # over the generations with budget > 0
+    on_time_most_remaining: float = 0.0
+
+    def add(self, remaining: float, budget: float, alpha: float) -> None:
+        self.weight -= alpha
+        self.weighted_remaining -= alpha * remaining
+        if budget <= 0.0:
+            self.late_weight -= alpha
+            self.late_weighted_remaining -= alpha * remaining
+        else:
+            self.on_time_least_budget = min(self.on_time_least_budget, budget)
+            self.on_time_most_remaining = max(self.on_time_most_remaining, remaining)
+
+    def bounds(self, extra_s: float, step_now_s: float, step_next_s: float
+               ) -> tuple[float, float, float] | None:
+        """``(lower, upper, scale)``: bounds of the delay cost and the size of the terms it
+        sums (what its rounding is relative to), or None where the bounds do not hold (a
+        negative run cost, or a step that gets faster with the batch)."""
+        slower_s = step_next_s - step_now_s
+        if extra_s < 0.0 or slower_s < 0.0:
+            return None
+        lower = extra_s * self.late_weight + slower_s * self.late_weighted_remaining
+        scale = extra_s * self.weight + step_next_s * self.weighted_remaining
+        longest_s = extra_s + self.on_time_most_remaining * step_next_s
+        if self.on_time_least_budget - longest_s > BOUND_MARGIN * (
+                self.on_time_least_budget + longest_s):
+            return lower, lower, scale
+        return lower, extra_s * self.weight + slower_s * self.weighted_remaining, scale
+
+
+BOUND_MARGIN = 1e-9
+"""Margin, relative to the size of the summed terms, by which a bound must clear the gain to
+settle the test: the running sums and :func:`delay_cost`'s sum round differently (by less
+than batch size × 1e-16 of those terms), so only a clear verdict is taken from the bounds,
+the rest from the exact sum."""
+
+
 class BatchColumns:
     """The running batch as arrays (remaining segment tokens, budget, α), in batch order, for
     one admission round: every admission test reads the whole batch, and with a batch of
     hundreds that was the decision's cost. Built at the first test, extended as the round
     admits (``ctx.running`` is a live view in insertion order that a round only appends to),
     rebuilt if the batch changed otherwise (a preemption). Bringing it up to date looks at
-    the appended generations only, not the whole batch."""
+    the appended generations only, not the whole batch; most tests need only the most urgent
+    row and the running sums (:class:`DelayWeights`), so appended rows reach the arrays only
+    when the arrays are read."""
 
     def __init__(self) -> None:
-        self.generations: list[Generation] = []
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
+        self._reset()
+
+    def _reset(self) -> None:
+        self.generations: list[Generation] = []
+        self._written = 0                         # rows of generations already in _rows
+        self._pending: list[tuple[float, float, float]] = []   # rows not yet written
         self.most_urgent = -1     # row of the smallest budget (the first of equals), kept as
                                   # rows are appended: no scan of the batch per test
+        self.most_urgent_budget = math.inf
+        self.weights = DelayWeights()
+        self._floor: Column = np.empty(0)        # max(remaining · step, budget) per row
+        self._floor_step, self._floor_rows = math.nan, 0
 
     @property
     def remaining(self) -> Column:
         """Tokens each running generation has left to its segment's ``l_max`` (at least 1)."""
-        return self._rows[0, :len(self.generations)]
+        row: Column = self._arrays()[0]
+        return row
 
     @property
     def budget(self) -> Column:
         """Each running generation's :func:`budget_s`."""
-        return self._rows[1, :len(self.generations)]
+        row: Column = self._arrays()[1]
+        return row
 
     @property
     def alpha(self) -> Column:
         """Each running generation's TUF slope α."""
-        return self._rows[2, :len(self.generations)]
+        row: Column = self._arrays()[2]
+        return row
+
+    def _arrays(self) -> Column:
+        """The three rows, with the appended generations' values written in."""
+        if self._pending:
+            end = self._written + len(self._pending)
+            if end > self._rows.shape[1]:
+                grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
+                grown[:, :self._written] = self._rows[:, :self._written]
+                self._rows = grown
+            self._rows[:, self._written:end] = np.array(self._pending).T
+            self._written, self._pending = end, []
+        return self._rows[:, :self._written]
+
+    def delay_floor(self, step_s: float) -> Column:
+        """``max(remaining · step_s, budget)`` per row: how long each running generation can
+        be delayed before it costs, at decode step ``step_s`` (kept for the step time asked
+        last: with an observed step time every test of a round asks the same one)."""
+        columns = self._arrays()
+        n = columns.shape[1]
+        if self._floor_step != step_s:
+            self._floor_step, self._floor_rows = step_s, 0
+        done = self._floor_rows
+        if done < n:
+            if len(self._floor) < n:
+                grown = np.empty(self._rows.shape[1])
+                grown[:done] = self._floor[:done]
+                self._floor = grown
+            np.maximum(columns[0, done:n] * step_s, columns[1, done:n],
+                       out=self._floor[done:n])
+            self._floor_rows = n
+        return self._floor[:n]
 
     def of(self, ctx: AdmissionContext) -> BatchColumns:
         """These columns, brought up to date with ``ctx.running``."""
         added = self._appended(ctx.running)
         if added is None:                           # not only appended to: rebuild
-            self.generations, added = [], list(ctx.running)
+            self._reset()
+            added = list(ctx.running)
         elif not added:
             return self
         start = len(self.generations)
-        end = start + len(added)
-        if end > self._rows.shape[1]:
-            grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
-            grown[:, :start] = self._rows[:, :start]
-            self._rows = grown
-        rows = self._rows
-        if len(added) == 1:                         # a round's admission: no list building
-            g = added[0]
+        for offset, g in enumerate(added):
             budget = budget_s(g, ctx)
-            rows[0, start] = max(ctx.max_segment_tokens(g) - g.segment_tokens, 1)
-            rows[1, start] = budget
-            rows[2, start] = g.spec.tuf.alpha
-            if start == 0 or budget < rows[1, self.most_urgent]:
-                self.most_urgent = start
-        else:
-            rows[:, start:end] = [
-                [max(ctx.max_segment_tokens(g) - g.segment_tokens, 1) for g in added],
-                [budget_s(g, ctx) for g in added], [g.spec.tuf.alpha for g in added]]
-            first = start + int(np.argmin(rows[1, start:end]))
-            if start == 0 or rows[1, first] < rows[1, self.most_urgent]:
-                self.most_urgent = first
+            remaining = max(ctx.max_segment_tokens(g) - g.segment_tokens, 1)
+            alpha = g.spec.tuf.alpha
+            self._pending.append((remaining, budget, alpha))
+            self.weights.add(remaining, budget, alpha)
+            if budget < self.most_urgent_budget or self.most_urgent < 0:
+                self.most_urgent = start + offset
+                self.most_urgent_budget = budget
         self.generations.extend(added)
         return self
 
@@ -296,9 +398,12 @@ class BatchColumns:
         if not self.generations:
             return list(running)
         grown = len(running) - len(self.generations)
-        if grown < 0 or not isinstance(running, Reversible):
+        if grown < 0:
             return None
-        tail = list(itertools.islice(reversed(running), grown + 1))
+        try:
+            tail = list(itertools.islice(reversed(running), grown + 1))  # type: ignore[call-overload]
+        except TypeError:                           # not reversible: rebuild
+            return None
         if tail[-1] is not self.generations[-1]:
             return None
         return tail[-2::-1]
@@ -324,11 +429,33 @@ def delay_cost(extra_s: float, ctx: AdmissionContext, batch: BatchColumns | None
     decode_s = decode_s or ctx.engine.decode_step_s
     step_now, step_next = _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s)
     batch = batch if batch is not None else _batch(ctx)
-    before = batch.remaining * step_now
-    after = extra_s + batch.remaining * step_next
-    overrun = after - np.maximum(before, batch.budget)
+    overrun = batch.remaining * step_next
+    overrun += extra_s
+    overrun -= batch.delay_floor(step_now)
     # summed in batch order, as a loop would (cumsum is sequential): the same float
     return float(np.cumsum(np.where(overrun > 0, -batch.alpha * overrun, 0.0))[-1])
+
+
+def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
+                      batch: BatchColumns | None = None,
+                      decode_s: DecodeSteps | None = None) -> bool:
+    """``delay_cost(extra_s, ctx, batch, decode_s) <= gain``, settled by the batch's running
+    sums (:class:`DelayWeights`) where they clear ``gain``, else by the exact sum."""
+    size = len(ctx.running)
+    if not size:
+        return 0.0 <= gain
+    decode_s = decode_s or ctx.engine.decode_step_s
+    batch = batch if batch is not None else _batch(ctx)
+    bounds = batch.weights.bounds(extra_s, _step_s(size, ctx, decode_s),
+                                  _step_s(size + 1, ctx, decode_s))
+    if bounds is not None:
+        lower, upper, scale = bounds
+        margin = BOUND_MARGIN * (scale + abs(gain)) + 1e-300
+        if upper <= gain - margin:
+            return True
+        if lower > gain + margin:
+            return False
+    return delay_cost(extra_s, ctx, batch, decode_s) <= gain
 
 
 def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
@@ -336,7 +463,7 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
     batch cap (the latency test protects the iterations a candidate would slow down)."""
     members = set(replica.running)
     return replace(ctx, engine=replica, running=[g for g in ctx.running if g.task_id in members],
-                   max_batch=replica.max_num_seqs, batch_columns=None)
+                   max_batch=replica.max_num_seqs, batch_columns=None, decode_steps=None)
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -368,7 +495,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
         return True
     batch = _batch(ctx)
     first = batch.most_urgent                   # the first of equals, as min() would
-    most_urgent, budget = batch.generations[first], float(batch.budget[first])
+    most_urgent, budget = batch.generations[first], batch.most_urgent_budget
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
     if candidate_budget <= budget + tie:
@@ -382,4 +509,4 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
-    return delay_cost(extra, ctx, batch, decode_s) <= gain
+    return delay_cost_within(gain, extra, ctx, batch, decode_s)

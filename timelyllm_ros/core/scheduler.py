@@ -37,6 +37,7 @@ from timelyllm_ros.core.admission import (
     BatchColumns,
     BatchMode,
     LostTally,
+    round_decode_steps,
 )
 from timelyllm_ros.core.clock import Clock
 from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, SchedulerEvent
@@ -439,7 +440,8 @@ class Scheduler:
         view = self.queue.view(self.config.comm_s)
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
         tally = LostTally(view, now, lambda: len(self.queue))
-        ctx = replace(ctx, ranked=view, lost_tally=tally, batch_columns=BatchColumns())
+        ctx = replace(ctx, ranked=view, lost_tally=tally, batch_columns=BatchColumns(),
+                      decode_steps=round_decode_steps(ctx.engine))
         seq = view.seq
         candidates: list[Generation] = []
         while n > 0 and len(self._running) < cap:
