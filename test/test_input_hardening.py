@@ -4,6 +4,7 @@ and task messages turn any input into a rejection with a reason, never an except
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -459,3 +460,23 @@ def test_goals_read_from_messages_are_refused_at_the_gate_for_paths_and_bad_text
             validate_goal(convert.goal_from_msg(goal(**fields)))
     with pytest.raises(GoalError, match='unreadable goal: AttributeError'):
         convert.goal_from_msg(SimpleNamespace(robot_id='x'))
+
+
+def test_a_goal_wrong_in_every_field_gets_one_short_reason() -> None:
+    """The case hypothesis found (4 fields of 5 000 characters): the joined reasons ran to 405
+    characters; they are cut at whole reasons, with a count of the rest."""
+    from timelyllm_ros.live.goals import MAX_REASON_CHARS, PlanGoal, joined_reasons
+
+    long = 'x' * 5000
+    with pytest.raises(GoalError) as refused:
+        validate_goal(PlanGoal(':', long, '', long))
+    reason = str(refused.value)
+    assert len(reason) <= MAX_REASON_CHARS and '\n' not in reason
+    assert reason.startswith("invalid robot id ':'")
+    assert re.search(r'; and \d more problems?$', reason)
+    assert 'invalid robot kind' in reason
+    # whole reasons while they fit, then the count; one reason alone is cut
+    assert joined_reasons(['a' * 10, 'b' * 10], limit=30) == f"{'a' * 10}; {'b' * 10}"
+    assert joined_reasons(['a' * 10, 'b' * 10, 'c' * 10], limit=32) == (
+        f"{'a' * 10}; and 2 more problems")
+    assert joined_reasons(['a' * 50, 'b'], limit=20) == 'a' * 17 + '...'

@@ -130,8 +130,28 @@ def validate_goal(goal: PlanGoal) -> PlanGoal:
         raise problems[0]
     if problems:
         error = TufError if all(isinstance(p, TufError) for p in problems) else GoalError
-        raise error('; '.join(str(p) for p in problems))
+        raise error(joined_reasons([str(p) for p in problems]))
     return goal
+
+
+MAX_REASON_CHARS = 400
+"""Longest refusal reason a client gets: one action result line, whatever the goal held."""
+
+
+def joined_reasons(reasons: list[str], limit: int = MAX_REASON_CHARS) -> str:
+    """The reasons joined by ``; ``, as many whole ones as fit in ``limit`` characters with a
+    count of the rest (``; and 2 more problems``): each quotes up to about 64 characters of a
+    field, but four long fields together ran past a result line."""
+    text = '; '.join(reasons)
+    if len(text) <= limit:
+        return text
+    for kept in range(len(reasons) - 1, 0, -1):
+        rest = len(reasons) - kept
+        text = (f"{'; '.join(reasons[:kept])}; and {rest} more "
+                f"problem{'s' if rest > 1 else ''}")
+        if len(text) <= limit:
+            return text
+    return reasons[0][:limit - 3] + '...'
 
 
 def _check_robot_id(goal: PlanGoal) -> None:
