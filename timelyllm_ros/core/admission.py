@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, overload
@@ -271,6 +272,19 @@ class DelayWeights:
             self.on_time_least_budget = min(self.on_time_least_budget, budget)
             self.on_time_most_remaining = max(self.on_time_most_remaining, remaining)
 
+    def add_rows(self, remaining: Column, budget: Column, alpha: Column) -> None:
+        late = budget <= 0.0
+        self.weight -= float(alpha.sum())
+        self.weighted_remaining -= float((alpha * remaining).sum())
+        self.late_weight -= float(alpha[late].sum())
+        self.late_weighted_remaining -= float((alpha[late] * remaining[late]).sum())
+        if not late.all():
+            on_time = ~late
+            self.on_time_least_budget = min(self.on_time_least_budget,
+                                            float(budget[on_time].min()))
+            self.on_time_most_remaining = max(self.on_time_most_remaining,
+                                              float(remaining[on_time].max()))
+
     def bounds(self, extra_s: float, step_now_s: float, step_next_s: float
                ) -> tuple[float, float, float] | None:
         """``(lower, upper, scale)``: bounds of the delay cost and the size of the terms it
@@ -293,6 +307,15 @@ BOUND_MARGIN = 1e-9
 settle the test: the running sums and :func:`delay_cost`'s sum round differently (by less
 than batch size × 1e-16 of those terms), so only a clear verdict is taken from the bounds,
 the rest from the exact sum."""
+
+
+_ROWS_AT_ONCE = 16      # appended generations from which a batch's rows are read as arrays
+_NEED_TIME = operator.attrgetter('need_time')
+_K = operator.attrgetter('k')
+_TUF_ERT = operator.attrgetter('spec.tuf.ert_s')
+_ALPHA = operator.attrgetter('spec.tuf.alpha')
+_PROFILE = operator.attrgetter('spec.profile')
+_SEGMENT_TOKENS = operator.attrgetter('segment_tokens')
 
 
 class BatchColumns:
@@ -378,6 +401,9 @@ class BatchColumns:
         elif not added:
             return self
         start = len(self.generations)
+        if len(added) >= _ROWS_AT_ONCE:
+            self._add_rows(added, ctx)
+            return self
         for offset, g in enumerate(added):
             budget = budget_s(g, ctx)
             remaining = max(ctx.max_segment_tokens(g) - g.segment_tokens, 1)
@@ -389,6 +415,39 @@ class BatchColumns:
                 self.most_urgent_budget = budget
         self.generations.extend(added)
         return self
+
+    def _add_rows(self, added: list[Generation], ctx: AdmissionContext) -> None:
+        """Append many generations at once (a round's first test reads the whole batch): the
+        same values as one by one, read with C-level getters and computed as arrays."""
+        self._arrays()                              # nothing pending: the new rows follow
+        n = len(added)
+        start, end = len(self.generations), len(self.generations) + n
+        need = np.fromiter(map(_NEED_TIME, added), float, n)
+        first_segment = np.fromiter(map(_K, added), float, n) == 0
+        budget = np.where(first_segment, need + np.fromiter(map(_TUF_ERT, added), float, n),
+                          need + 0.0)               # ert_s: TUF₀'s ERT for k = 0, else 0
+        budget -= ctx.now
+        budget -= ctx.comm_s
+        l_max: dict[str, float] = {}                # l_max is the robot profile's
+        for g in added:
+            if g.spec.profile not in l_max:
+                l_max[g.spec.profile] = ctx.max_segment_tokens(g)
+        remaining = np.fromiter((l_max[p] for p in map(_PROFILE, added)), float, n)
+        remaining -= np.fromiter(map(_SEGMENT_TOKENS, added), float, n)
+        np.maximum(remaining, 1.0, out=remaining)
+        alpha = np.fromiter(map(_ALPHA, added), float, n)
+        if end > self._rows.shape[1]:
+            grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
+            grown[:, :start] = self._rows[:, :start]
+            self._rows = grown
+        self._rows[0, start:end], self._rows[1, start:end], self._rows[2, start:end] = (
+            remaining, budget, alpha)
+        self._written = end
+        self.weights.add_rows(remaining, budget, alpha)
+        first = int(np.argmin(budget))              # the first of equals
+        if budget[first] < self.most_urgent_budget or self.most_urgent < 0:
+            self.most_urgent, self.most_urgent_budget = start + first, float(budget[first])
+        self.generations.extend(added)
 
     def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
         """The generations appended to ``running`` since these columns were built, or None
