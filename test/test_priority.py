@@ -33,10 +33,11 @@ def _arr(*values: float) -> np.ndarray:
     return np.array(values, dtype=float)
 
 
-def _pud(now: float, ref: float, tuf, suspended: bool = False) -> float:
+def _pud(now: float, ref: float, tuf, suspended: bool = False,
+         lost_order: str = 'least-loss') -> float:
     ert = 0.0 if suspended else tuf.ert_s
     return float(pud_priority(now, _arr(ref), _arr(ert), _arr(tuf.beta), _arr(tuf.alpha),
-                              _arr(G), COMM)[0])
+                              _arr(G), COMM, lost_order)[0])  # type: ignore[arg-type]
 
 
 def _art(now: float, ref: float, tuf, suspended: bool = False) -> float:
@@ -100,10 +101,51 @@ def test_pud_no_utility_left_ranks_last() -> None:
     # even the least promising positive-utility generation ranks above
     positives = [_pud(0.0, 100.0, NORMAL, True), _pud(1.39, 0.0, NORMAL)]
     assert all(p > 0 > late for p in positives)
-    # among late ones: least loss first (urgent t = 0.5: W = 0.598, U = -20/3*0.398 + 2 = -0.6533)
+    # among late ones, 'least-loss': least loss first (urgent t = 0.5: W = 0.598,
+    # U = -20/3*0.398 + 2 = -0.6533)
     urgent_late = _pud(0.5, 0.0, URGENT)
     assert urgent_late == pytest.approx(-2 / 0.3 * 0.398 + 2, rel=1e-9)
     assert late > urgent_late
+
+
+def test_pud_lost_ones_by_loss_rate() -> None:
+    """'loss-rate' (the default): lost generations by -alpha/G, steepest loss first (Smith's
+    rule), then least loss first; below every generation that can earn utility, whose
+    priorities do not change. A lost one's priority is -(its place), equal keys one place."""
+    def queue(*rows):          # (now, ref, tuf, suspended) at one time
+        now = rows[0][0]
+        return pud_priority(now, _arr(*(r[1] for r in rows)),
+                            _arr(*(0.0 if r[3] else r[2].ert_s for r in rows)),
+                            _arr(*(r[2].beta for r in rows)), _arr(*(r[2].alpha for r in rows)),
+                            _arr(*(G for _ in rows)), COMM).tolist()
+
+    t = 1.5
+    normal_late = (t, 0.0, NORMAL, False)          # U = -0.196, loses 2 / s
+    normal_later = (t, -1.0, NORMAL, False)        # U = -2.196, loses 2 / s
+    urgent_late = (t, 1.0, URGENT, False)          # U = -0.653, loses 20/3 / s
+    earning = (t, 100.0, NORMAL, True)
+    out = queue(normal_late, normal_later, urgent_late, earning, normal_late)
+    # the urgent one first though it lost more, then the normal ones by their loss so far;
+    # the two equal ones share a place (the earlier queued goes first, by seq)
+    assert out[:3] + out[4:] == [-2.0, -3.0, -1.0, -2.0]
+    assert out[3] == pytest.approx(_pud(*earning)) and out[3] > 0
+    # 'least-loss' orders them by U alone
+    least = pud_priority(t, _arr(0.0, -1.0, 1.0), _arr(1.0, 1.0, 0.2), _arr(1.0, 1.0, 2.0),
+                         _arr(NORMAL.alpha, NORMAL.alpha, URGENT.alpha), _arr(G, G, G), COMM,
+                         'least-loss')
+    assert least.tolist() == pytest.approx([-0.196, -2.196, -2 / 0.3 * 0.398 + 2])
+    # one class only: the same order as 'least-loss'
+    same = queue(normal_late, normal_later, (t, -0.5, NORMAL, False))
+    assert sorted(range(3), key=lambda i: -same[i]) == [0, 2, 1]
+
+
+def test_timelyllm_policy_lost_order_is_a_checked_parameter() -> None:
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    assert create_policy('timelyllm').lost_order == 'loss-rate'  # type: ignore[attr-defined]
+    assert TimelyLlmPolicy('least-loss').lost_order == 'least-loss'
+    with pytest.raises(PolicyError, match='lost_order'):
+        TimelyLlmPolicy('most-loss')  # type: ignore[arg-type]
 
 
 def test_pud_vectorised_matches_scalar() -> None:

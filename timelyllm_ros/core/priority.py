@@ -11,15 +11,30 @@ TUF₁).
   the time left before the segment starts losing utility, ``ref + ert − (t + G + comm)``,
   floored at 0 and offset by one generation time so that it stays positive:
   ``L = max(0, ref + ert − t − G − comm) + G``.
-* ``Pri = U / (G·L)`` while U > 0. Once no utility is left (U ≤ 0) the generation is ranked
-  by U alone, below every generation that can still earn utility, least loss first.
+* ``Pri = U / (G·L)`` while U > 0. Once no utility is left (U ≤ 0) the generation ranks below
+  every generation that can still earn utility, and the lost ones are ordered by ``lost_order``:
+
+  - ``'loss-rate'`` (default): the most utility lost per second of generation, ``−α / G``,
+    first (Smith's rule: past its zero-utility time each second of waiting costs a segment −α,
+    and serving it takes about G, so this order loses least in total); among equal rates the
+    one that has lost least first, as ``'least-loss'`` orders them. A lost segment's priority
+    is then ``−(its place in that order)``, places counted from 1, equal for equal keys (so
+    that ties still go to the earlier queued);
+  - ``'least-loss'``: by U itself, the one that has lost least first (Eq. 4's U read alone).
+    Under overload it serves lost normal goals before lost urgent ones, whose steeper slope
+    then costs more the longer they wait (issue 28).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from timelyllm_ros.core.queue import Column
+
+LostOrder = Literal['loss-rate', 'least-loss']
+LOST_ORDERS: tuple[LostOrder, ...] = ('loss-rate', 'least-loss')
 
 
 def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
@@ -28,8 +43,10 @@ def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
 
 
 def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
-                 alpha: Column, g: Column, comm_s: float) -> Column:
-    """Eq. 4 with the slack L defined in the module docstring."""
+                 alpha: Column, g: Column, comm_s: float,
+                 lost_order: LostOrder = 'loss-rate') -> Column:
+    """Eq. 4 with the slack L defined in the module docstring; generations with no utility
+    left ordered by ``lost_order``."""
     wait = waiting_time(now, ref, g, comm_s)
     utility = alpha * (wait - ert)
     utility += beta
@@ -40,7 +57,26 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
     np.maximum(slack, 0.0, out=slack)
     slack += g
     slack *= g
-    return np.where(utility > 0.0, utility / slack, utility)
+    earning = utility > 0.0
+    priority = np.where(earning, utility / slack, utility)
+    if lost_order == 'least-loss' or earning.all():
+        return priority
+    lost = np.flatnonzero(~earning)
+    priority[lost] = -_places(alpha[lost] / g[lost], utility[lost])
+    return priority
+
+
+def _places(alpha_per_g: Column, utility: Column) -> Column:
+    """Each lost segment's place (from 1) in the ``'loss-rate'`` order: steepest ``−α/G``
+    first, then least loss first; equal keys share a place. A flat TUF (α = 0) never loses
+    utility, so it cannot be here; if it were, it would come last."""
+    order = np.lexsort((-utility, alpha_per_g))     # α/G ascending: the steepest loss first
+    rate, loss = alpha_per_g[order], utility[order]
+    first_of_place = np.ones(len(order), dtype=bool)
+    first_of_place[1:] = (rate[1:] != rate[:-1]) | (loss[1:] != loss[:-1])
+    places = np.empty(len(order))
+    places[order] = np.cumsum(first_of_place)
+    return places
 
 
 def artifact_priority(now: float, ref: Column, ert: Column, beta: Column,

@@ -6,24 +6,38 @@ import numpy as np
 from numpy.typing import NDArray
 
 from timelyllm_ros.core.admission import AdmissionContext, fits, latency_guided
-from timelyllm_ros.core.priority import artifact_priority, pud_priority
+from timelyllm_ros.core.priority import LOST_ORDERS, LostOrder, artifact_priority, pud_priority
 from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.core.request import Generation
+from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.policies.base import Policy
 
 
 class TimelyLlmPolicy(Policy):
-    """Eq. 4 as the paper states it (L defined in :mod:`timelyllm_ros.core.priority`) + §4.4."""
+    """Eq. 4 as the paper states it (L defined in :mod:`timelyllm_ros.core.priority`) + §4.4.
+
+    Args:
+        lost_order: how generations with no utility left are ordered among themselves
+            (:mod:`timelyllm_ros.core.priority`): ``'loss-rate'`` (default, steepest loss
+            per second of generation first) or ``'least-loss'`` (by their utility, the
+            reading of Eq. 4 this project used until issue 28).
+    """
 
     name = 'timelyllm'
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'
+
+    def __init__(self, lost_order: LostOrder = 'loss-rate') -> None:
+        if lost_order not in LOST_ORDERS:
+            raise PolicyError(f'unknown lost_order {lost_order!r}; '
+                              f'choose one of {", ".join(LOST_ORDERS)}')
+        self.lost_order: LostOrder = lost_order
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return self._rank(queue, now)
 
     def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g,
-                            queue.comm_s)
+                            queue.comm_s, self.lost_order)
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
