@@ -125,9 +125,13 @@ def test_pud_lost_ones_by_loss_rate() -> None:
     urgent_late = (t, 1.0, URGENT, False)          # U = -0.653, loses 20/3 / s
     earning = (t, 100.0, NORMAL, True)
     out = queue(normal_late, normal_later, urgent_late, earning, normal_late)
-    # the urgent one first though it lost more, then the normal ones by their loss so far;
-    # the two equal ones share a place (the earlier queued goes first, by seq)
-    assert out[:3] + out[4:] == [-2.0, -3.0, -1.0, -2.0]
+    # the urgent one first though it lost more, then the normal ones by their loss so far:
+    # -(rank of the rate + loss / (1 + loss)); the two equal ones share a place (the earlier
+    # queued goes first, by seq)
+    place = [1 + (2 - 1) + 0.196 / 1.196, 2 + 2.196 / 3.196, 1 + 0.6533 / 1.6533]
+    assert out[:3] == pytest.approx([-p for p in place], rel=1e-3)
+    assert out[4] == out[0]
+    assert out[2] > out[0] > out[1]
     assert out[3] == pytest.approx(_pud(*earning)) and out[3] > 0
     # 'least-loss' orders them by U alone
     least = pud_priority(t, _arr(0.0, -1.0, 1.0), _arr(1.0, 1.0, 0.2), _arr(1.0, 1.0, 2.0),

@@ -18,8 +18,8 @@ TUF₁).
     first (Smith's rule: past its zero-utility time each second of waiting costs a segment −α,
     and serving it takes about G, so this order loses least in total); among equal rates the
     one that has lost least first, as ``'least-loss'`` orders them. A lost segment's priority
-    is then ``−(its place in that order)``, places counted from 1, equal for equal keys (so
-    that ties still go to the earlier queued);
+    is then ``−(rank of its rate + D/(1 + D))`` with D = −U its loss so far (:func:`_places`):
+    equal for equal keys, so ties still go to the earlier queued;
   - ``'least-loss'``: by U itself, the one that has lost least first (Eq. 4's U read alone).
     Under overload it serves lost normal goals before lost urgent ones, whose steeper slope
     then costs more the longer they wait (issue 28).
@@ -67,16 +67,19 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
 
 
 def _places(alpha_per_g: Column, utility: Column) -> Column:
-    """Each lost segment's place (from 1) in the ``'loss-rate'`` order: steepest ``−α/G``
-    first, then least loss first; equal keys share a place. A flat TUF (α = 0) never loses
-    utility, so it cannot be here; if it were, it would come last."""
-    order = np.lexsort((-utility, alpha_per_g))     # α/G ascending: the steepest loss first
-    rate, loss = alpha_per_g[order], utility[order]
-    first_of_place = np.ones(len(order), dtype=bool)
-    first_of_place[1:] = (rate[1:] != rate[:-1]) | (loss[1:] != loss[:-1])
-    places = np.empty(len(order))
-    places[order] = np.cumsum(first_of_place)
+    """Each lost segment's place in the ``'loss-rate'`` order as a number: the steepest
+    ``−α/G`` first, then least loss first. The rate's rank among the distinct rates (from 1)
+    plus ``−U/(1 − U)``, which maps the loss so far into [0, 1) in order: equal keys give
+    equal places, and finding them costs a sort of the distinct rates' column, not a sort by
+    two keys. A flat TUF (α = 0) never loses utility, so it cannot be here."""
+    rates = np.unique(alpha_per_g)                  # ascending: the steepest loss first
+    rank = np.searchsorted(rates, alpha_per_g).astype(float) + 1.0
+    loss = -utility
+    places: Column = rank + np.minimum(loss / (1.0 + loss), _BELOW_ONE)
     return places
+
+
+_BELOW_ONE = float(np.nextafter(1.0, 0.0))     # a loss too large to tell from 1 stays in rank
 
 
 def artifact_priority(now: float, ref: Column, ert: Column, beta: Column,
