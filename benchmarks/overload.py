@@ -1,7 +1,7 @@
 """Throughput under overload: a fleet whose goals all arrive in one burst (issue 13, item 7).
 
     python3 benchmarks/overload.py [--robots 1000] [--seed 0] [--burst-s 2] [--tasks-per-robot 1]
-                                   [--policies vllm,timelyllm] [--json]
+                                   [--policies vllm,timelyllm] [--batch-mode fixed] [--json]
 
 Every robot of the fleet (a Tello drone running one of the drone traces T1–T8: T1–T5 normal,
 T6–T8 urgent) sends its goals within ``burst_s`` simulated seconds, far more than the engine
@@ -30,7 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from timelyllm_ros.core.admission import BATCH_MODES, BatchMode
 from timelyllm_ros.core.request import Generation, TaskStatus
+from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.evaluation.bench import EngineOptions
 from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
@@ -107,7 +109,8 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
 def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_POLICIES,
                  burst_s: float = DEFAULT_BURST_S, tasks_per_robot: int = 1,
                  prefix_caching: bool = True, replicas: int = 1,
-                 request_latency_s: float = 0.0) -> dict[str, Any]:
+                 request_latency_s: float = 0.0,
+                 batch_mode: BatchMode = 'latency-guided') -> dict[str, Any]:
     """Run every policy on the same overload burst; the figures of each, side by side.
 
     Args:
@@ -119,6 +122,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
         prefix_caching: whether the simulated engine shares the robot prompt's KV.
         replicas: simulated engines behind one queue (a replica pool).
         request_latency_s: the network's share of each segment request to a replica.
+        batch_mode: TimelyLLM's admission: ``latency-guided`` (§4.4) or ``fixed`` (the batch
+            cap and memory only).
 
     Returns:
         ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'policies':
@@ -127,7 +132,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     """
     tasks = overload_tasks(robots, seed, burst_s=burst_s, tasks_per_robot=tasks_per_robot)
     figures = {policy: policy_figures(simulate(
-        tasks, policy, seed=seed,
+        tasks, policy, seed=seed, config=SchedulerConfig(batch_mode=batch_mode),
         engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas,
                              request_latency_s=request_latency_s).build()))
         for policy in policies}
@@ -137,7 +142,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     return {'robots': robots, 'seed': seed, 'tasks': len(tasks), 'burst_s': burst_s,
             'tasks_per_robot': tasks_per_robot, 'prefix_caching': prefix_caching,
             'replicas': replicas,
-            'request_latency_s': request_latency_s,
+            'request_latency_s': request_latency_s, 'batch_mode': batch_mode,
             'policies': figures,
             'throughput_ratio': ratio}
 
@@ -176,13 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help='simulated engines behind one queue (a replica pool)')
     parser.add_argument('--request-latency-ms', type=float, default=0.0,
                         help="the network's share of each segment request to a replica")
+    parser.add_argument('--batch-mode', choices=BATCH_MODES, default='latency-guided',
+                        help="TimelyLLM's admission: latency-guided (§4.4) or fixed (batch cap "
+                             'and memory only)')
     parser.add_argument('--json', action='store_true', help='print the figures as JSON')
     args = parser.parse_args(argv)
     report = run_overload(args.robots, args.seed,
                           policies=[p for p in args.policies.split(',') if p],
                           burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
                           prefix_caching=not args.no_prefix_cache, replicas=args.replicas,
-                          request_latency_s=args.request_latency_ms / 1000)
+                          request_latency_s=args.request_latency_ms / 1000,
+                          batch_mode=args.batch_mode)
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0
 
