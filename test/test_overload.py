@@ -59,6 +59,22 @@ def test_run_overload_reports_every_figure(overload: ModuleType) -> None:
     assert overload.main(['--robots', '10', '--policies', 'vllm', '--json']) == 0
 
 
+def test_batch_mode_fixed_admits_by_cap_and_memory_only(overload: ModuleType) -> None:
+    """--batch-mode fixed: timelyllm's batch is no longer held back by the latency test, so
+    under overload it holds more generations; vllm (no latency test) is unchanged."""
+    guided = overload.run_overload(300, 0, burst_s=2.0)
+    fixed = overload.run_overload(300, 0, burst_s=2.0, batch_mode='fixed')
+    assert guided['batch_mode'] == 'latency-guided' and fixed['batch_mode'] == 'fixed'
+    assert fixed['policies']['vllm'] == {**guided['policies']['vllm'],
+                                         **{k: v for k, v in fixed['policies']['vllm'].items()
+                                            if k.startswith('decide') or k == 'wall_time_s'}}
+    assert (fixed['policies']['timelyllm']['mean_batch_size']
+            > guided['policies']['timelyllm']['mean_batch_size'])
+    assert overload.main(['--robots', '10', '--batch-mode', 'fixed', '--json']) == 0
+    with pytest.raises(SystemExit):
+        overload.main(['--robots', '10', '--batch-mode', 'bold'])
+
+
 def test_overload_tasks_are_one_burst_per_robot(overload: ModuleType) -> None:
     tasks = overload.overload_tasks(50, 3, burst_s=2.0, tasks_per_robot=2)
     assert len(tasks) == 100 and len({t.task_id for t in tasks}) == 100
