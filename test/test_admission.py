@@ -6,6 +6,7 @@ The tiny calibration (test/utils.py) has prefill 0.1 ms/token and decode steps o
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import astuple, replace
 
@@ -329,3 +330,33 @@ def test_the_batch_columns_follow_a_round_of_admissions_like_a_fresh_build() -> 
         assert astuple(kept.weights) == pytest.approx(astuple(fresh.weights), rel=1e-12)
     del running[batch[9].task_id]                 # not an append: rebuilt
     assert kept.of(ctx).generations == list(running.values())
+
+
+@pytest.mark.parametrize('seed', range(30))
+def test_the_delay_test_stays_exact_through_a_round_of_admissions(seed: int) -> None:
+    """Through a round (rows appended one by one, the observed step time fixed, the decode
+    model's b → b + 1 step changing), every verdict equals the exact sum's, whether the running
+    sums, the last exact cost plus its growth (the anchor), or a new exact sum settles it."""
+    from timelyllm_ros.core.admission import BatchColumns, delay_cost_within
+
+    rng = random.Random(seed)
+    engine = SimulatedEngine(calibration=tiny_calibration(gpu_kv_tokens=1 << 20, max_num_seqs=64))
+    generations = _random_batch(engine, rng, 40)
+    running: dict[str, Generation] = {g.task_id: g for g in generations[:rng.randrange(1, 10)]}
+    ctx = replace(_ctx(engine, running.values(), max_batch=64,  # type: ignore[arg-type]
+                       recent_step_s=rng.choice([0.021, 0.05])), batch_columns=BatchColumns())
+    anchored = 0
+    for g in generations[len(running):]:
+        assert ctx.batch_columns is not None
+        batch = ctx.batch_columns.of(ctx)           # as the round's next test brings it up
+        for extra in (rng.uniform(0.0, 0.05), rng.uniform(0.0, 0.05)):
+            cost = delay_cost(extra, ctx, batch)
+            for gain in (cost, cost * (1 + 1e-12), cost * (1 - 1e-12), cost + 0.05,
+                         max(cost - 0.05, 0.0), rng.uniform(0.0, 2 * cost + 0.1)):
+                size = len(ctx.running)
+                step = ctx.recent_step_s
+                assert step is not None
+                anchored += batch.anchored_upper(extra, step, step * (size + 1) / size) < math.inf
+                assert delay_cost_within(gain, extra, ctx, batch) == (cost <= gain), (extra, gain)
+        running[g.task_id] = g                      # the next admission
+    assert anchored                                 # the anchor was there to be used

@@ -342,6 +342,33 @@ class BatchColumns:
         self.weights = DelayWeights()
         self._floor: Column = np.empty(0)        # max(remaining · step, budget) per row
         self._floor_step, self._floor_rows = math.nan, 0
+        self._anchor: tuple[float, ...] | None = None   # the last exact delay cost and where
+
+    def anchor_at(self, cost: float, extra_s: float, step_now_s: float,
+                  step_next_s: float) -> None:
+        """Remember an exact :func:`delay_cost` of these rows (:meth:`anchored_upper`)."""
+        self._anchor = (cost, extra_s, step_now_s, step_next_s, self.weights.weight,
+                        self.weights.weighted_remaining)
+
+    def anchored_upper(self, extra_s: float, step_now_s: float, step_next_s: float) -> float:
+        """An upper bound of the delay cost from the last exact one (``inf`` without one).
+
+        Each row's loss grows with the run cost and the next step time at most at its −α and
+        −α·r: so the cost is at most the anchor's plus those growths over the rows it summed,
+        plus the appended rows' own bound (:class:`DelayWeights`). It holds while the rows'
+        floors are the anchor's (the same step time now: an observed one keeps it through a
+        round) and rows were only appended since (a rebuild forgets the anchor).
+        """
+        if self._anchor is None:
+            return math.inf
+        cost, extra0, step_now0, step_next0, weight0, weighted0 = self._anchor
+        if step_now_s != step_now0:
+            return math.inf
+        weights = self.weights
+        return (cost + max(extra_s - extra0, 0.0) * weight0
+                + max(step_next_s - step_next0, 0.0) * weighted0
+                + extra_s * (weights.weight - weight0)
+                + (step_next_s - step_now_s) * (weights.weighted_remaining - weighted0))
 
     @property
     def remaining(self) -> Column:
@@ -505,16 +532,19 @@ def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
         return 0.0 <= gain
     decode_s = decode_s or ctx.engine.decode_step_s
     batch = batch if batch is not None else _batch(ctx)
-    bounds = batch.weights.bounds(extra_s, _step_s(size, ctx, decode_s),
-                                  _step_s(size + 1, ctx, decode_s))
+    step_now, step_next = _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s)
+    bounds = batch.weights.bounds(extra_s, step_now, step_next)
     if bounds is not None:
         lower, upper, scale = bounds
+        upper = min(upper, batch.anchored_upper(extra_s, step_now, step_next))
         margin = BOUND_MARGIN * (scale + abs(gain)) + 1e-300
         if upper <= gain - margin:
             return True
         if lower > gain + margin:
             return False
-    return delay_cost(extra_s, ctx, batch, decode_s) <= gain
+    cost = delay_cost(extra_s, ctx, batch, decode_s)
+    batch.anchor_at(cost, extra_s, step_now, step_next)
+    return cost <= gain
 
 
 def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
