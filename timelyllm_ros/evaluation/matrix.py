@@ -4,9 +4,9 @@ One bench run per (workload, regime, seed) cell (:func:`~timelyllm_ros.evaluatio
 run_bench`, its summary.json and tasks.csv under ``OUT/WORKLOAD/REGIME/seedN``); then, per
 workload, regime and policy, each figure's mean and spread (sample standard deviation) over
 the seeds: urgent and overall utility, signed and with late tasks floored at 0, completion
-rate, p95 response time and SLO attainment. ``matrix.json`` holds them with every seed's value,
-``matrix.md`` a table, ``matrix.png`` a figure (a panel per regime and figure, a group of bars
-per workload, a bar per policy with its spread).
+rate, mean and p95 response time and SLO attainment. ``matrix.json`` holds them with every
+seed's value, ``matrix.md`` a table, ``matrix.png`` a figure (a panel per regime and figure, a
+group of bars per workload, a bar per policy with its spread).
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ('utility', 'overall', 'utility_mean'),
     ('floored', 'overall', 'utility_floored_mean'),
     ('completion', 'overall', 'completion_rate'),
+    ('mean response s', 'overall', 'response_time_mean_s'),
     ('p95 response s', 'overall', 'response_time_p95_s'),
     ('SLO', 'overall', 'slo_attainment'),
 )
 """The figures of each cell: the urgent class where a workload has one, else overall."""
+
+LOWER_IS_BETTER = frozenset({'mean response s', 'p95 response s'})
 
 
 def _figure(policy_summary: dict[str, Any], group: str, key: str) -> float:
@@ -101,7 +104,7 @@ def _cell(spread: dict[str, Any], pattern: str) -> str:
 def matrix_table(matrix: dict[str, Any]) -> str:
     """A Markdown table: a row per workload, regime and policy; a column per figure (mean ±
     spread over the seeds); the best mean of each figure in a cell group in bold."""
-    patterns = {'completion': '{:.2f}', 'SLO': '{:.2f}', 'p95 response s': '{:.3f}'}
+    patterns = {'completion': '{:.2f}', 'SLO': '{:.2f}'}
     names = [f for f, _, _ in FIGURES]
     lines = [f"seeds {matrix['seeds']}, robot jitter {matrix['robot_jitter']}", '',
              '| workload | regime | policy | ' + ' | '.join(names) + ' |',
@@ -113,7 +116,7 @@ def matrix_table(matrix: dict[str, Any]) -> str:
                 means = [p[figure]['mean'] for p in policies.values()
                          if p[figure]['mean'] is not None]
                 if means:
-                    best[figure] = min(means) if figure == 'p95 response s' else max(means)
+                    best[figure] = min(means) if figure in LOWER_IS_BETTER else max(means)
             for policy, figures in policies.items():
                 cells = []
                 for figure in names:
