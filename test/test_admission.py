@@ -301,7 +301,7 @@ def test_the_bounded_delay_test_gives_the_exact_verdict(seed: int) -> None:
     ctx = replace(_ctx(engine, batch, max_batch=64, recent_step_s=recent),
                   batch_columns=BatchColumns())
     for extra in (0.0, 0.004, rng.uniform(0.0, 0.2)):
-        cost = delay_cost(extra, ctx)
+        cost = delay_cost(extra, ctx, BatchColumns().of(ctx))    # apart from the tested one
         for gain in (cost, cost * (1 + 1e-12), cost * (1 - 1e-12), cost + 0.5,
                      max(cost - 0.5, 0.0), 0.0, rng.uniform(0.0, 2 * cost + 1.0)):
             assert delay_cost_within(gain, extra, ctx) == (cost <= gain), (extra, gain, cost)
@@ -350,7 +350,7 @@ def test_the_delay_test_stays_exact_through_a_round_of_admissions(seed: int) -> 
         assert ctx.batch_columns is not None
         batch = ctx.batch_columns.of(ctx)           # as the round's next test brings it up
         for extra in (rng.uniform(0.0, 0.05), rng.uniform(0.0, 0.05)):
-            cost = delay_cost(extra, ctx, batch)
+            cost = delay_cost(extra, ctx, BatchColumns().of(ctx))  # apart from the tested one
             for gain in (cost, cost * (1 + 1e-12), cost * (1 - 1e-12), cost + 0.05,
                          max(cost - 0.05, 0.0), rng.uniform(0.0, 2 * cost + 0.1)):
                 size = len(ctx.running)

@@ -344,11 +344,17 @@ class BatchColumns:
         self._floor_step, self._floor_rows = math.nan, 0
         self._anchor: tuple[float, ...] | None = None   # the last exact delay cost and where
 
-    def anchor_at(self, cost: float, extra_s: float, step_now_s: float,
-                  step_next_s: float) -> None:
-        """Remember an exact :func:`delay_cost` of these rows (:meth:`anchored_upper`)."""
+    def delay_cost(self, extra_s: float, step_now_s: float, step_next_s: float) -> float:
+        """:func:`delay_cost` over these rows at the given step times, summed exactly; kept
+        as the anchor of :meth:`anchored_upper`."""
+        overrun = self.remaining * step_next_s
+        overrun += extra_s
+        overrun -= self.delay_floor(step_now_s)
+        # summed in batch order, as a loop would (cumsum is sequential): the same float
+        cost = float(np.cumsum(np.where(overrun > 0, -self.alpha * overrun, 0.0))[-1])
         self._anchor = (cost, extra_s, step_now_s, step_next_s, self.weights.weight,
                         self.weights.weighted_remaining)
+        return cost
 
     def anchored_upper(self, extra_s: float, step_now_s: float, step_next_s: float) -> float:
         """An upper bound of the delay cost from the last exact one (``inf`` without one).
@@ -392,13 +398,17 @@ class BatchColumns:
         """The three rows, with the appended generations' values written in."""
         if self._pending:
             end = self._written + len(self._pending)
-            if end > self._rows.shape[1]:
-                grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
-                grown[:, :self._written] = self._rows[:, :self._written]
-                self._rows = grown
+            self._room_for(end)
             self._rows[:, self._written:end] = np.array(self._pending).T
             self._written, self._pending = end, []
         return self._rows[:, :self._written]
+
+    def _room_for(self, rows: int) -> None:
+        """Grow the arrays (by doubling) to hold ``rows`` rows, keeping those written."""
+        if rows > self._rows.shape[1]:
+            grown = np.empty((3, max(rows, 2 * self._rows.shape[1], 16)))
+            grown[:, :self._written] = self._rows[:, :self._written]
+            self._rows = grown
 
     def delay_floor(self, step_s: float) -> Column:
         """``max(remaining · step_s, budget)`` per row: how long each running generation can
@@ -463,10 +473,7 @@ class BatchColumns:
         remaining -= np.fromiter(map(_SEGMENT_TOKENS, added), float, n)
         np.maximum(remaining, 1.0, out=remaining)
         alpha = np.fromiter(map(_ALPHA, added), float, n)
-        if end > self._rows.shape[1]:
-            grown = np.empty((3, max(end, 2 * self._rows.shape[1], 16)))
-            grown[:, :start] = self._rows[:, :start]
-            self._rows = grown
+        self._room_for(end)
         self._rows[0, start:end], self._rows[1, start:end], self._rows[2, start:end] = (
             remaining, budget, alpha)
         self._written = end
@@ -513,13 +520,9 @@ def delay_cost(extra_s: float, ctx: AdmissionContext, batch: BatchColumns | None
     if not size:
         return 0.0
     decode_s = decode_s or ctx.engine.decode_step_s
-    step_now, step_next = _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s)
     batch = batch if batch is not None else _batch(ctx)
-    overrun = batch.remaining * step_next
-    overrun += extra_s
-    overrun -= batch.delay_floor(step_now)
-    # summed in batch order, as a loop would (cumsum is sequential): the same float
-    return float(np.cumsum(np.where(overrun > 0, -batch.alpha * overrun, 0.0))[-1])
+    return batch.delay_cost(extra_s, _step_s(size, ctx, decode_s),
+                            _step_s(size + 1, ctx, decode_s))
 
 
 def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
@@ -536,15 +539,12 @@ def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
     bounds = batch.weights.bounds(extra_s, step_now, step_next)
     if bounds is not None:
         lower, upper, scale = bounds
-        upper = min(upper, batch.anchored_upper(extra_s, step_now, step_next))
         margin = BOUND_MARGIN * (scale + abs(gain)) + 1e-300
-        if upper <= gain - margin:
-            return True
         if lower > gain + margin:
             return False
-    cost = delay_cost(extra_s, ctx, batch, decode_s)
-    batch.anchor_at(cost, extra_s, step_now, step_next)
-    return cost <= gain
+        if min(upper, batch.anchored_upper(extra_s, step_now, step_next)) <= gain - margin:
+            return True
+    return batch.delay_cost(extra_s, step_now, step_next) <= gain
 
 
 def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
