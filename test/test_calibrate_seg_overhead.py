@@ -13,6 +13,7 @@ from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.base import EngineBehaviour, EngineRequest, StepResult
 from timelyllm_ros.engines.calibration import CALIBRATION_DIR, load_calibration
 from timelyllm_ros.engines.faults import FaultInjectingEngine
+from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.evaluation.calibrate import (
     first_output,
     measure,
@@ -360,3 +361,27 @@ def test_the_context_cost_can_be_measured_over_a_batch() -> None:
     assert calibration.decode_ms_per_context_token == pytest.approx(
         truth.decode_ms_per_context_token, rel=1e-2)
     assert '4 sequences of' in calibration.source
+
+
+def test_the_decode_context_counts_the_tokens_a_cache_served() -> None:
+    """On an H200, vLLM's prefix cache served the first 848 tokens of the 1,700-word prompt of
+    the context measurement (the decode measurement before had sent an 850-word prompt of the
+    same salt), and calibrate took the 853 it prefilled for the whole context: 0.0069 ms a
+    token where the decode grew by 0.12 ms over 850 tokens. A member's context is its whole
+    prompt, whether computed or served from a cache."""
+
+    class HalfCached(SimulatedEngine):
+        """Serves the first half of every new prompt from a cache."""
+
+        def _join_prefill(self, request_id: str, dropped: bool) -> tuple[int, int]:
+            new, context = super()._join_prefill(request_id, dropped)
+            if dropped and not context:
+                return new - new // 2, new // 2
+            return new, context
+
+    truth = create_engine('sim').calibration  # type: ignore[attr-defined]
+    calibration = measure(HalfCached(truth), 'm', 'sim', lengths=(16, 256), batch_sizes=(1, 2),
+                          context_words=256, long_context_words=1024, steps=3, repeats=1)
+    assert calibration.decode_ms.reference_context_tokens == pytest.approx(256, abs=2)
+    assert calibration.decode_ms_per_context_token == pytest.approx(
+        truth.decode_ms_per_context_token, rel=1e-2)

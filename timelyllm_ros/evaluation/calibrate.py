@@ -18,6 +18,7 @@ hardware, engine, date and each figure's provenance.
 from __future__ import annotations
 
 import datetime
+import itertools
 import platform
 import statistics
 from collections.abc import Callable, Sequence
@@ -63,21 +64,26 @@ def _text(words: int, salt: int) -> str:
     return ' '.join([f'#{salt}', *body])
 
 
+_SALTS = itertools.count(1)
+"""Every probe prompt's salt, unique in the process: two measurements that each numbered their
+prompts from 1 sent vLLM the same prompt twice, and its prefix cache served the second (a
+1,700-word decode prompt after an 850-word one of the same salt prefilled only 853 tokens)."""
+
+
 class _Probe:
-    """Requests with fresh ids over one engine."""
+    """Requests with fresh ids and prompts over one engine."""
 
     def __init__(self, engine: Engine, force_tokens: int) -> None:
         self.engine = engine
         self.force_tokens = force_tokens
-        self.seq = 0
 
     def request(self, words: int, max_tokens: int, prefix_words: int = 0) -> str:
         """A fresh prompt of ``words`` words; with ``prefix_words``, after a prefix that every
         such request shares (prefix id ``__calibrate_prefix``)."""
-        self.seq += 1
-        request_id = f'__calibrate_{self.seq}'
+        salt = next(_SALTS)
+        request_id = f'__calibrate_{salt}'
         script = tuple(' a' for _ in range(max(max_tokens, self.force_tokens)))
-        prompt = _text(words, self.seq)
+        prompt = _text(words, salt)
         if prefix_words:
             prompt = f'{_text(prefix_words, 0)} {prompt}'
         self.engine.register(EngineRequest(
@@ -198,7 +204,8 @@ def measure_decode(engine: Engine, batch: int, context_words: int,
             formed = len(started) == len(ids)
             started |= ours
             if result.prefill_tokens:
-                context += result.prefill_tokens
+                # A member's context is its whole prompt, computed or served from a cache.
+                context += result.prefill_tokens + result.prefix_cached_tokens
                 continue
             if formed and ours and result.batch_size == batch:
                 samples.append(iteration_ms)
