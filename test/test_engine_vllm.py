@@ -183,6 +183,7 @@ def test_stats_report_vllms_capacity_and_counters(engine: VllmEngine) -> None:
     # CUDA graphs (on CUDA: outputs an iteration late, an edge at the largest graph)
     behaviour = engine.behaviour()
     assert behaviour.prompt_cache == 'blocks' and behaviour.resume == 'new_request_prefix_cache'
+    assert behaviour.estimates == 'observed'        # run_cost_s, decode_step_s: observed
     if engine.hardware == 'cpu':
         assert not behaviour.outputs_one_iteration_late and engine.cost_edges == ()
     else:

@@ -101,6 +101,7 @@ def test_start_reads_the_servers(tokenizer_folder: str,
     assert engine.max_num_seqs == 8 and engine.supports('grammar')
     assert [r.up for r in engine.replica_states()] == [True, True]
     assert engine.stats().kv_capacity_tokens == 2 * 100 * 16     # from /metrics
+    assert engine.behaviour().estimates == 'observed'   # prices admission as the vLLM engine
     probes = [s.served.requests[0] for s in servers]
     assert all(p['vllm_xargs'][FORCED_KEY] and p['priority'] == 1 for p in probes)
     engine.close()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.engines.observed import ObservedLatency
+from timelyllm_ros.engines.observed import (
+    NEW_REQUEST_DEFAULT_DECODE_S,
+    NEW_REQUEST_DEFAULT_TPS,
+    ObservedLatency,
+    new_request_join_tokens,
+)
 
 
 def test_moving_averages_weight_the_newest_observation() -> None:
@@ -33,3 +38,58 @@ def test_decode_step_lookup_interpolates_and_optionally_extrapolates() -> None:
     assert latency.interpolated_decode_s(16, default_s=0.0) == pytest.approx(0.080)
     assert latency.interpolated_decode_s(16, default_s=0.0,
                                          extrapolate=True) == pytest.approx(0.160)
+
+
+def test_the_vllm_engines_price_a_join_at_its_whole_context_or_its_last_partial_block() -> None:
+    assert new_request_join_tokens(880, resumed=False, block_size=16) == 880
+    assert new_request_join_tokens(885, resumed=True, block_size=16) == 5
+    assert new_request_join_tokens(880, resumed=True, block_size=16) == 16   # one token at least
+    latency = ObservedLatency()
+    assert latency.nearest_decode_s(4, default_s=0.02) == 0.02
+    latency.record_decode(2, 0.010)
+    latency.record_decode(16, 0.016)
+    assert latency.nearest_decode_s(2, default_s=0.0) == 0.010
+    assert latency.nearest_decode_s(1, default_s=0.0) == 0.010             # never below
+    assert latency.nearest_decode_s(4, default_s=0.0) == pytest.approx(0.010 * 2 ** 0.1)
+    assert latency.nearest_decode_s(12, default_s=0.0) == pytest.approx(0.016)
+
+
+def test_a_simulated_engine_prices_admission_as_the_real_engine_it_replays() -> None:
+    """On the H200 the vLLM engine priced a new goal at its whole prompt over the prefill
+    throughput it had observed (the step reporting a prefill is the one after it, under
+    asynchronous scheduling), while the simulator priced its uncached part by the
+    calibration: timelyllm admitted the normal goals of a WID2 burst with the urgent ones in
+    the simulator and after them on the GPU (31.7 % response error; 13.8 % when the simulated
+    engine prices as the real one did). With ``estimates='observed'`` it does; its own
+    iterations keep the calibration's times."""
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.engines.calibration import load_calibration
+    from timelyllm_ros.engines.sim import SimulatedEngine
+
+    model = load_calibration('llama3-8b-bf16_h200-vllm026')
+    assert model.engine.estimates == 'observed'
+    as_model = model.model_copy(update={'engine': model.engine.model_copy(
+        update={'estimates': 'model'})})
+    engines = {'observed': SimulatedEngine(model), 'model': SimulatedEngine(as_model)}
+    for engine in engines.values():
+        for i in range(2):
+            engine.register(EngineRequest(request_id=f'g{i}', prompt='p', prompt_tokens=880,
+                                          max_tokens=8, script=tuple('abcdefgh')))
+    observed = engines['observed']
+    assert observed.run_cost_s('g0') == pytest.approx(880 / NEW_REQUEST_DEFAULT_TPS)
+    assert observed.decode_step_s(3) == NEW_REQUEST_DEFAULT_DECODE_S
+    assert engines['model'].run_cost_s('g0') == pytest.approx(model.prefill_s(880))
+    mirror = ObservedLatency()
+    for name, engine in engines.items():
+        engine.run('g0')
+        results = [engine.step() for _ in range(4)]
+        if name == 'observed':
+            for result in results:
+                if result.prefill_tokens:
+                    mirror.record_prefill(result.prefill_tokens, result.duration_s)
+                elif result.text:
+                    mirror.record_decode(result.batch_size, result.duration_s)
+    assert mirror.prefill_tps is not None
+    assert observed.run_cost_s('g1') == pytest.approx(880 / mirror.prefill_tps)
+    assert observed.decode_step_s(1) == mirror.decode_s[1]
+    assert engines['model'].busy_s == pytest.approx(observed.busy_s)

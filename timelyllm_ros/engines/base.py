@@ -181,6 +181,7 @@ class CostModel(Protocol):
 
 ResumeModel = Literal['kept_kv', 'new_request_prefix_cache']
 PromptCache = Literal['prefix', 'blocks']
+Estimates = Literal['model', 'observed']
 
 
 class EngineBehaviour(BaseModel):
@@ -225,6 +226,14 @@ class EngineBehaviour(BaseModel):
                                         # it launches): every output reaches the scheduler an
                                         # iteration after it was computed, and a generation
                                         # cut there has computed one token more, thrown away
+    estimates: Estimates = 'model'      # how the engine prices admission (run_cost_s,
+                                        # decode_step_s): from its latency model, or as the
+                                        # vLLM engines do, from what it observed of its own
+                                        # iterations (a new request at its whole context, a
+                                        # resume at its last partial block, over the observed
+                                        # prefill throughput; a decode step at the nearest
+                                        # observed batch size): a simulator replaying a real
+                                        # engine's run prices as it did
 
 
 class Engine(ABC):

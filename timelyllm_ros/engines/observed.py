@@ -3,10 +3,26 @@
 A real engine has no calibration to consult; it learns its prefill throughput and its
 decode-step time per batch size from the iterations it runs (exponential moving averages),
 and answers :meth:`Engine.run_cost_s` / :meth:`Engine.decode_step_s` from them. The simulated
-engine's counterpart is :class:`~timelyllm_ros.engines.calibration.Calibration`.
+engine's counterpart is :class:`~timelyllm_ros.engines.calibration.Calibration`; where a
+calibration declares ``estimates='observed'`` the simulated engine answers as the vLLM engines
+do, with :func:`new_request_join_tokens` and :class:`ObservedLatency` over its own iterations,
+so that a replay takes the decisions the real engine took.
 """
 
 from __future__ import annotations
+
+NEW_REQUEST_DEFAULT_TPS = 2000.0
+"""Prefill throughput the vLLM engines assume before they have observed a prefill."""
+
+NEW_REQUEST_DEFAULT_DECODE_S = 0.02
+"""Decode-step time the vLLM engines assume before they have observed a decode."""
+
+
+def new_request_join_tokens(tokens: int, resumed: bool, block_size: int) -> int:
+    """Tokens a join into an engine that resumes by new request (vLLM) is priced at: a
+    resumed generation's last, partial block (its full blocks are in the prefix cache), a new
+    one's whole context."""
+    return (tokens % block_size or block_size) if resumed else tokens
 
 
 class ObservedLatency:
@@ -62,3 +78,15 @@ class ObservedLatency:
             return known[lower[-1] if lower else upper[0]]
         t0, t1 = known[b0], known[b1]
         return t0 + (t1 - t0) * (batch_size - b0) / (b1 - b0)
+
+    def nearest_decode_s(self, batch_size: int, default_s: float) -> float:
+        """Decode-step time at ``batch_size`` as the vLLM engines estimate it: observed, else
+        the nearest observed batch size's, grown by (batch ratio)^0.1 above it; ``default_s``
+        before any observation."""
+        known = self.decode_s
+        if batch_size in known:
+            return known[batch_size]
+        if not known:
+            return default_s
+        nearest = min(known, key=lambda b: abs(b - batch_size))
+        return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)

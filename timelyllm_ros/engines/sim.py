@@ -49,6 +49,12 @@ from timelyllm_ros.engines.base import (
 )
 from timelyllm_ros.engines.calibration import Calibration, load_calibration
 from timelyllm_ros.engines.kv import KvCacheManager
+from timelyllm_ros.engines.observed import (
+    NEW_REQUEST_DEFAULT_DECODE_S,
+    NEW_REQUEST_DEFAULT_TPS,
+    ObservedLatency,
+    new_request_join_tokens,
+)
 from timelyllm_ros.engines.scripts import ScriptSource, TraceScripts
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.safe_files import EngineInputError
@@ -160,6 +166,9 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self._decode_members: frozenset[str] = frozenset()   # who the last decode ran
         self._held: StepResult | None = None   # outputs not handed out yet (outputs one
                                                # iteration late)
+        # What a real engine that prices admission from its own iterations would have
+        # observed by now (estimates 'observed'); None: admission reads the calibration.
+        self._observed = ObservedLatency() if cal.engine.estimates == 'observed' else None
 
     # -- Engine interface ------------------------------------------------------------------
     def stats(self) -> EngineStats:
@@ -220,6 +229,11 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return tokens
 
     def run_cost_s(self, request_id: str) -> float:
+        if self._observed is not None and request_id not in self._running:
+            generation = self._generations[request_id]
+            tokens = new_request_join_tokens(generation.request.prompt_tokens + generation.emitted,
+                                             generation.emitted > 0, self.calibration.block_size)
+            return self._observed.prefill_s(tokens, default_tps=NEW_REQUEST_DEFAULT_TPS)
         location = self.kv.location(request_id)
         tokens = self.kv.tokens(request_id)
         cal = self.calibration
@@ -307,6 +321,13 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self.kv.remove(request_id)
 
     def decode_step_s(self, batch_size: int) -> float:
+        if self._observed is not None:
+            return self._observed.nearest_decode_s(batch_size, NEW_REQUEST_DEFAULT_DECODE_S)
+        return self._model_decode_step_s(batch_size)
+
+    def _model_decode_step_s(self, batch_size: int) -> float:
+        """A decode iteration of ``batch_size`` generations of the running ones' mean context,
+        by the calibration."""
         if not self._running:
             context = batch_size * self.calibration.decode_ms.reference_context_tokens
         else:
@@ -340,6 +361,15 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self._get(request_id).evict_ratio = evict_ratio
 
     def step(self, only: Collection[str] | None = None) -> StepResult:
+        result = self._step(only)
+        if self._observed is not None:     # what a real engine records of its step
+            if result.prefill_tokens:
+                self._observed.record_prefill(result.prefill_tokens, result.duration_s)
+            elif result.text:
+                self._observed.record_decode(result.batch_size, result.duration_s)
+        return result
+
+    def _step(self, only: Collection[str] | None) -> StepResult:
         self._attended_total = None
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
@@ -417,7 +447,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         ended on EOS once more before it sees the EOS, so that costs a decode of them."""
         assert self._held is not None
         ended = sum(reason == 'eos' for reason in self._held.finished.values())
-        return self.decode_step_s(ended) if ended else 0.0
+        return self._model_decode_step_s(ended) if ended else 0.0
 
     def _take_back(self, request_id: str) -> None:
         """A generation cut, evicted or released before its held output was handed out:

@@ -68,6 +68,11 @@ from timelyllm_ros.engines.kept import (
     penalize_rows,
     unmasked_choice,
 )
+from timelyllm_ros.engines.observed import (
+    NEW_REQUEST_DEFAULT_DECODE_S,
+    NEW_REQUEST_DEFAULT_TPS,
+    new_request_join_tokens,
+)
 from timelyllm_ros.engines.real import ForwardPass, G, RealEngine
 from timelyllm_ros.errors import EngineError
 
@@ -473,13 +478,7 @@ class SegmentRequestEngine(RealEngine[G]):
             lambda ids: str(self.tokenizer.decode(ids, skip_special_tokens=True)), prompt_tokens)
 
     def decode_step_s(self, batch_size: int) -> float:
-        known = self.latency.decode_s
-        if batch_size in known:
-            return known[batch_size]
-        if not known:
-            return 0.02
-        nearest = min(known, key=lambda b: abs(b - batch_size))
-        return float(known[nearest] * max(1.0, batch_size / nearest) ** 0.1)
+        return self.latency.nearest_decode_s(batch_size, NEW_REQUEST_DEFAULT_DECODE_S)
 
     def segment_decoding(self, generation: KeptTokens) -> tuple[int, list[int] | None,
                                                                 dict[str, Any] | None]:
@@ -645,10 +644,9 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
 
     def run_cost_s(self, request_id: str) -> float:
         generation = self._get(request_id)
-        tokens = len(generation.ids())
-        if generation.output_ids:    # a resume: only the last, partial block is recomputed
-            tokens = tokens % self.block_size or self.block_size
-        return self.latency.prefill_s(tokens, default_tps=2000.0)
+        tokens = new_request_join_tokens(len(generation.ids()), bool(generation.output_ids),
+                                         self.block_size)
+        return self.latency.prefill_s(tokens, default_tps=NEW_REQUEST_DEFAULT_TPS)
 
     def _joined(self, generation: _Generation) -> None:
         self._admitted.add(generation.request.request_id)
@@ -753,7 +751,8 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         late = bool(getattr(scheduler, 'async_scheduling', False)) and self.logits_processor
         return EngineBehaviour(resume='new_request_prefix_cache',
                                prefill_token_budget=int(budget) if budget else None,
-                               outputs_one_iteration_late=late, prompt_cache='blocks')
+                               outputs_one_iteration_late=late, prompt_cache='blocks',
+                               estimates='observed')
 
     @property
     def kv_block_size(self) -> int:

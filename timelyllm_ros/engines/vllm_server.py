@@ -64,6 +64,7 @@ from timelyllm_ros.engines.base import (
 )
 from timelyllm_ros.engines.constraint import TokenGrammar
 from timelyllm_ros.engines.kept import KeptTokens
+from timelyllm_ros.engines.observed import NEW_REQUEST_DEFAULT_TPS, new_request_join_tokens
 from timelyllm_ros.engines.real import ForwardPass
 from timelyllm_ros.engines.replicas import replica_rank
 from timelyllm_ros.engines.vllm_engine import DECODING_KEY, FORCED_KEY, SegmentRequestEngine
@@ -401,11 +402,10 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
 
     def run_cost_s(self, request_id: str) -> float:
         generation = self._get(request_id)
-        tokens = generation.total
-        if generation.output_ids and generation.home is not None:
-            index = generation.home      # a resume on its replica: its last block is prefilled
-            tokens = tokens % self.replicas[index].block_size or self.replicas[index].block_size
-        return self.latency.prefill_s(tokens, default_tps=2000.0)
+        home = generation.home           # a resume on its replica: its last block is prefilled
+        tokens = generation.total if home is None else new_request_join_tokens(
+            generation.total, bool(generation.output_ids), self.replicas[home].block_size)
+        return self.latency.prefill_s(tokens, default_tps=NEW_REQUEST_DEFAULT_TPS)
 
     def _joined(self, generation: _Generation) -> None:
         index = self.placement(generation.request.request_id)
@@ -771,7 +771,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
                 'server_prefix_hit_rate': hits / queries if queries else 0.0}
 
     def behaviour(self) -> EngineBehaviour:
-        return EngineBehaviour(resume='new_request_prefix_cache', prompt_cache='blocks')
+        return EngineBehaviour(resume='new_request_prefix_cache', prompt_cache='blocks',
+                               estimates='observed')
 
     @property
     def kv_block_size(self) -> int:
