@@ -83,9 +83,9 @@ H200_ERRORS = {  # response error, each replayed on the calibration it holds (se
     'h200-vllm026-wid1': {'vllm': 0.173, 'timelyllm': 0.269, 'semantic': 0.263,
                           'autellix-plas': 0.296, 'timebill': 0.206, 'slice': 0.197},
     'h200-vllm026-wid2': {'vllm': 0.136, 'timelyllm': 0.300, 'slice': 0.186},
-    'h200-vllm026-wid1-100': {'vllm': 0.063, 'timelyllm': 0.113, 'slice': 0.045,
-                              'semantic': 0.192, 'autellix-plas': 0.151, 'timebill': 0.175},
-    'h200-vllm026-wid2-100': {'vllm': 0.028, 'timelyllm': 0.317, 'slice': 0.140},
+    'h200-vllm026-wid1-100': {'vllm': 0.063, 'timelyllm': 0.126, 'slice': 0.101,
+                              'semantic': 0.192, 'autellix-plas': 0.151, 'timebill': 0.179},
+    'h200-vllm026-wid2-100': {'vllm': 0.028, 'timelyllm': 0.138, 'slice': 0.140},
 }
 
 
@@ -102,19 +102,27 @@ def test_the_h200_recordings_replay_with_the_ranking_and_completion_of_the_gpu(n
                                                                           abs=0.002)
 
 
-@pytest.mark.xfail(strict=True, reason='issue 26: on the H200 the simulator is 3-32 % off on '
-                   'response (completion within 0.4 %, ranking the same). On the runs recorded '
-                   'minutes after their calibration (the -100 ones) vllm, timelyllm and slice '
-                   'hold on WID1 (6, 11, 5 %), semantic, autellix-plas and timebill, run three '
-                   'minutes later, do not (19, 15, 18 %): the GPU machine decoded 13 % slower '
-                   'then (batch 1: 6.9-7.2 ms against 6.1-6.3); iterations where several '
-                   'goals join cost 2-15 ms more than one prompt of as many tokens (the '
-                   'calibration measures one); timelyllm on WID2 31.7 %')
-@pytest.mark.parametrize('name', sorted(H200_ERRORS))
+_DRIFT = ('issue 26: semantic, autellix-plas and timebill 19, 15, 18 % off on response (vllm, '
+          'timelyllm, slice 6, 13, 10 %): they ran three minutes after the others, on a GPU '
+          'machine that decoded 13 % slower then (batch 1: 6.9-7.2 ms against 6.1-6.3)')
+_FIRST_SESSION = ('issue 26: 14-30 % off on response: recorded with older code and a '
+                  'calibration measured by calibrate before its fixes (kept as history)')
+
+
+@pytest.mark.parametrize('name', [
+    'h200-vllm026-wid2-100',
+    pytest.param('h200-vllm026-wid1-100', marks=pytest.mark.xfail(strict=True, reason=_DRIFT)),
+    pytest.param('h200-vllm026-wid1', marks=pytest.mark.xfail(strict=True,
+                                                              reason=_FIRST_SESSION)),
+    pytest.param('h200-vllm026-wid2', marks=pytest.mark.xfail(strict=True,
+                                                              reason=_FIRST_SESSION)),
+])
 def test_the_simulator_is_within_15_percent_of_vllm_on_the_h200(name) -> None:
+    """Every policy's median response and completion error within 15 %, the same ranking."""
     result = compare(load_recording(name))
     errors = _within(result)
     assert all(e <= TOLERANCE for policy in errors.values() for e in policy.values()), errors
+    assert result['ranking_same']
 
 
 def test_a_gzip_recording_loads_and_a_gzip_bomb_is_refused(tmp_path) -> None:
