@@ -13,12 +13,14 @@ One after the other, each started after the previous one is closed:
   without grammar or penalty: what the processor alone costs (vLLM's V1 model runner);
 * ``grammar``: the planner's path: the tello plan grammar, the repetition penalty, early end.
 
-For each: decode time per step at each batch size (the median over steps that ran the whole
-batch; the engine's whole ``step()``, its Python included), the prefill step of the batch's
-prompts, and a resume (a generation cut after 16 tokens and run again: the step that brings it
-back, served from the prefix cache). Then the ratios to raw, and the memory before each start
-and after each close (CUDA: free device memory; CPU: this process's RSS), which shows whether
-``close()`` gives the memory back (a second engine of the same settings starts in the same
+For each: decode time per step at each batch size (the median over steps that decoded the
+whole batch: every member had its first token and the step prefilled nothing, so the chunks of
+a batch's prompt prefill are not counted; the engine's whole ``step()``, its Python included;
+the count of such steps beside it, few where the grammar ends plans early), the prefill step of
+the batch's prompts, and a resume (a generation cut after 16 tokens and run again: the step that
+brings it back, served from the prefix cache). Then the ratios to raw, and the memory before
+each start and after each close (CUDA: free device memory; CPU: this process's RSS), which shows
+whether ``close()`` gives the memory back (a second engine of the same settings starts in the same
 process).
 """
 
@@ -93,15 +95,17 @@ def run_raw(model: str, options: dict[str, str], prompts: dict[int, list[list[in
         first = None
         while llm.has_unfinished_requests():
             live = llm.get_num_unfinished_requests()
+            formed = all(outputs.get(name) for name in names)   # no prompt left to prefill
             start = time.perf_counter()
             for output in llm.step():
                 outputs.setdefault(output.request_id, []).extend(output.outputs[0].token_ids)
             took = time.perf_counter() - start
             if first is None:
                 first = took
-            elif live == batch:
+            elif live == batch and formed:
                 decode.append(took)
-        out['decode_ms'][batch] = median_ms(decode[2:-1])
+        out['decode_ms'][batch] = median_ms(decode[1:-1])
+        out.setdefault('decode_steps', {})[batch] = len(decode[1:-1])
         out['prefill_ms'][batch] = first * 1e3 if first is not None else None
         if 'resume_ms' not in out:
             # a resume, as the engine makes it: the first prompt and its first RESUME_AFTER
@@ -155,18 +159,20 @@ def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]
         first = None
         while engine.running:
             live = len(engine.running)
+            formed = all(engine.token_ids(rid) for rid in rids)
             start = time.perf_counter()
             result = engine.step()
             took = time.perf_counter() - start
             if first is None:
                 first = took
-            elif live == batch:
+            elif live == batch and formed and not result.prefill_tokens:
                 decode.append(took)
                 inside.append(result.duration_s)
         for rid in rids:
             engine.release(rid)
-        out['decode_ms'][batch] = median_ms(decode[2:-1])
-        out['vllm_step_ms'][batch] = median_ms(inside[2:-1])
+        out['decode_ms'][batch] = median_ms(decode[1:-1])
+        out.setdefault('decode_steps', {})[batch] = len(decode[1:-1])
+        out['vllm_step_ms'][batch] = median_ms(inside[1:-1])
         out['prefill_ms'][batch] = first * 1e3 if first is not None else None
     # a resume: cut after RESUME_AFTER tokens, run again, time the step that brings it back
     rid = 'resume'
@@ -273,6 +279,8 @@ def report(figures: dict[str, Any], variants: list[str], batches: list[int]) -> 
         if 'vllm_step_ms' in run:
             inner = ' '.join(f"{run['vllm_step_ms'][b] or 0:>11.2f}" for b in batches)
             print(f"{'  in step':10} {inner}  (vLLM's step() alone)")
+        steps = ' '.join(f"{run.get('decode_steps', {}).get(b, 0):>11}" for b in batches)
+        print(f"{'  steps':10} {steps}  (decode steps of the whole batch measured)")
     for label, reading in figures['memory']:
         print(f'memory {label}: ' + ', '.join(f'{k} {v:.2f}' for k, v in reading.items()))
     for variant, error in figures.get('failed', {}).items():
