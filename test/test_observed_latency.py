@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.engines.observed import (
     NEW_REQUEST_DEFAULT_DECODE_S,
     NEW_REQUEST_DEFAULT_TPS,
     ObservedLatency,
     new_request_join_tokens,
 )
+from timelyllm_ros.engines.sim import SimulatedEngine
 
 
 def test_moving_averages_weight_the_newest_observation() -> None:
@@ -62,10 +65,6 @@ def test_a_simulated_engine_prices_admission_as_the_real_engine_it_replays() -> 
     the simulator and after them on the GPU (31.7 % response error; 13.8 % when the simulated
     engine prices as the real one did). With ``estimates='observed'`` it does; its own
     iterations keep the calibration's times."""
-    from timelyllm_ros.engines.base import EngineRequest
-    from timelyllm_ros.engines.calibration import load_calibration
-    from timelyllm_ros.engines.sim import SimulatedEngine
-
     model = load_calibration('llama3-8b-bf16_h200-vllm026')
     assert model.engine.estimates == 'observed'
     as_model = model.model_copy(update={'engine': model.engine.model_copy(
