@@ -152,6 +152,42 @@ def test_timelyllm_policy_lost_order_is_a_checked_parameter() -> None:
         TimelyLlmPolicy('most-loss')  # type: ignore[arg-type]
 
 
+def test_a_stranded_goal_goes_first_the_one_that_lost_most_first() -> None:
+    """With ``stranded='first'`` a goal still waiting for its first segment with no utility
+    left (its robot has no plan at all) goes before every other generation, earning ones
+    included; among such goals the one that has lost most goes first. A lost resume segment
+    stays below the earning ones, as do stranded goals with ``stranded='eq4'`` (the default).
+
+    Worked example at t = 1.5 (G = 0.09, comm = 0.008): a normal goal that arrived at 0 has
+    W = 1.598 and U = −2·(1.598 − 1) + 1 = −0.196; an urgent one that arrived at 1.0 has W =
+    0.598, U = −(20/3)·(0.598 − 0.2) + 2 = −0.6533; an earning normal goal that arrived at 1.4
+    (U = 1); and a normal resume segment needed at 0.5 (ERT 0: W = 1.098, U = −1.196)."""
+    from timelyllm_ros.core.priority import STRANDED
+
+    t = 1.5
+    ref = _arr(0.0, 1.0, 1.4, 0.5)
+    ert = _arr(NORMAL.ert_s, URGENT.ert_s, NORMAL.ert_s, 0.0)
+    beta = _arr(NORMAL.beta, URGENT.beta, NORMAL.beta, NORMAL.beta)
+    alpha = _arr(NORMAL.alpha, URGENT.alpha, NORMAL.alpha, NORMAL.alpha)
+    first = _arr(1.0, 1.0, 1.0, 0.0)
+    g = _arr(G, G, G, G)
+    out = pud_priority(t, ref, ert, beta, alpha, g, COMM, 'loss-rate', first, 'first')
+    assert out[:2].tolist() == pytest.approx(
+        [STRANDED * (2 - 1 / 1.196), STRANDED * (2 - 1 / 1.6533)], rel=1e-4)
+    assert out[1] > out[0] > out[2] > 0 > out[3]          # the urgent one has lost more
+    eq4 = pud_priority(t, ref, ert, beta, alpha, g, COMM, 'loss-rate', first, 'eq4')
+    assert eq4[2] > 0 > max(eq4[0], eq4[1], eq4[3])
+    assert eq4.tolist() == pytest.approx(
+        pud_priority(t, ref, ert, beta, alpha, g, COMM, 'loss-rate').tolist())
+    assert out[2:].tolist() == pytest.approx(eq4[2:].tolist())
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    with pytest.raises(PolicyError, match='stranded'):
+        TimelyLlmPolicy(stranded='last')  # type: ignore[arg-type]
+    assert create_policy('timelyllm').stranded == 'eq4'  # type: ignore[attr-defined]
+    assert TimelyLlmPolicy(stranded='first').stranded == 'first'
+
+
 def test_pud_vectorised_matches_scalar() -> None:
     ref, ert = _arr(0.0, 0.0, 2.0), _arr(0.2, 1.0, 0.0)
     beta, alpha = _arr(2.0, 1.0, 1.0), _arr(URGENT.alpha, -2.0, -2.0)

@@ -23,6 +23,22 @@ TUF₁).
   - ``'least-loss'``: by U itself, the one that has lost least first (Eq. 4's U read alone).
     Under overload it serves lost normal goals before lost urgent ones, whose steeper slope
     then costs more the longer they wait (issue 28).
+
+* ``stranded`` says where a *stranded* goal goes: one still waiting for its first segment
+  (its robot has no plan at all) that can no longer earn utility:
+
+  - ``'eq4'`` (default): as the lost generations above, below every earning segment (the
+    order of the paper's Eq. 4). It waits while earning segments keep arriving: on the
+    authors' arm workload in the paper's setup 11 goals of one burst waited 34–39 s
+    (response p99 34.8 s; TimeBill and SLICE 3.7 and 4.2 s);
+  - ``'first'``: before every other generation, the one that has lost most first (priority
+    ``S·(2 − 1/(1 + D))``, S = :data:`STRANDED` above any Eq. 4 value). Only first segments
+    go first: promoting late resume segments too filled the KV cache and made the engine
+    re-prefill whole contexts (authors-arm without a prefix cache: 3.6 M tokens prefilled
+    instead of 1.2 M). It is not the default: a goal still savable waits behind the stranded
+    ones and may be lost too (``test_overload``'s fresh urgent goals behind 30 stranded
+    ones), and at 5,000 robots on one engine or in replica pools it generates plans 10–33 %
+    slower (more plans in flight, more KV re-prefilled); the README has the measurements.
 """
 
 from __future__ import annotations
@@ -35,6 +51,12 @@ from timelyllm_ros.core.queue import Column
 
 LostOrder = Literal['loss-rate', 'least-loss']
 LOST_ORDERS: tuple[LostOrder, ...] = ('loss-rate', 'least-loss')
+StrandedRule = Literal['first', 'eq4']
+STRANDED_RULES: tuple[StrandedRule, ...] = ('first', 'eq4')
+
+STRANDED = 1e200
+"""The priority scale of stranded goals (``stranded='first'``): above any Eq. 4 value, whose
+largest is β/G² for a segment needed now."""
 
 
 def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
@@ -44,9 +66,11 @@ def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
 
 def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
                  alpha: Column, g: Column, comm_s: float,
-                 lost_order: LostOrder = 'loss-rate') -> Column:
+                 lost_order: LostOrder = 'loss-rate', first: Column | None = None,
+                 stranded: StrandedRule = 'eq4') -> Column:
     """Eq. 4 with the slack L defined in the module docstring; generations with no utility
-    left ordered by ``lost_order``."""
+    left ordered by ``lost_order``, and stranded goals (``first`` 1.0 for a goal's first
+    segment; None: none is) placed by ``stranded``."""
     wait = waiting_time(now, ref, g, comm_s)
     utility = alpha * (wait - ert)
     utility += beta
@@ -59,10 +83,15 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
     slack *= g
     earning = utility > 0.0
     priority = np.where(earning, utility / slack, utility)
-    if lost_order == 'least-loss' or earning.all():
+    if earning.all():
         return priority
-    lost = np.flatnonzero(~earning)
-    priority[lost] = -_places(alpha[lost] / g[lost], utility[lost])
+    if lost_order != 'least-loss':
+        lost = np.flatnonzero(~earning)
+        priority[lost] = -_places(alpha[lost] / g[lost], utility[lost])
+    if stranded == 'first' and first is not None:
+        rows = np.flatnonzero(~earning & (first > 0.0))
+        loss = -utility[rows]
+        priority[rows] = STRANDED * (2.0 - 1.0 / (1.0 + loss))
     return priority
 
 

@@ -6,7 +6,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from timelyllm_ros.core.admission import AdmissionContext, fits, latency_guided
-from timelyllm_ros.core.priority import LOST_ORDERS, LostOrder, artifact_priority, pud_priority
+from timelyllm_ros.core.priority import (
+    LOST_ORDERS,
+    STRANDED_RULES,
+    LostOrder,
+    StrandedRule,
+    artifact_priority,
+    pud_priority,
+)
 from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.core.request import Generation
 from timelyllm_ros.errors import PolicyError
@@ -21,23 +28,32 @@ class TimelyLlmPolicy(Policy):
             (:mod:`timelyllm_ros.core.priority`): ``'loss-rate'`` (default, steepest loss
             per second of generation first) or ``'least-loss'`` (by their utility, the
             reading of Eq. 4 this project used until issue 28).
+        stranded: where a goal still waiting for its first segment goes once it can no
+            longer earn utility: ``'eq4'`` (default, with the other lost ones, below every
+            earning segment, as Eq. 4 ranks it) or ``'first'`` (before every other
+            generation, the one that has lost most first; measured in the README).
     """
 
     name = 'timelyllm'
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'
 
-    def __init__(self, lost_order: LostOrder = 'loss-rate') -> None:
+    def __init__(self, lost_order: LostOrder = 'loss-rate',
+                 stranded: StrandedRule = 'eq4') -> None:
         if lost_order not in LOST_ORDERS:
             raise PolicyError(f'unknown lost_order {lost_order!r}; '
                               f'choose one of {", ".join(LOST_ORDERS)}')
+        if stranded not in STRANDED_RULES:
+            raise PolicyError(f'unknown stranded {stranded!r}; '
+                              f'choose one of {", ".join(STRANDED_RULES)}')
         self.lost_order: LostOrder = lost_order
+        self.stranded: StrandedRule = stranded
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return self._rank(queue, now)
 
     def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g,
-                            queue.comm_s, self.lost_order)
+                            queue.comm_s, self.lost_order, queue.first, self.stranded)
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
