@@ -311,8 +311,7 @@ the rest from the exact sum."""
 
 _ROWS_AT_ONCE = 16      # appended generations from which a batch's rows are read as arrays
 _NEED_TIME = operator.attrgetter('need_time')
-_K = operator.attrgetter('k')
-_TUF_ERT = operator.attrgetter('spec.tuf.ert_s')
+_ERT = operator.attrgetter('ert_s')
 _ALPHA = operator.attrgetter('spec.tuf.alpha')
 _PROFILE = operator.attrgetter('spec.profile')
 _SEGMENT_TOKENS = operator.attrgetter('segment_tokens')
@@ -459,10 +458,8 @@ class BatchColumns:
         self._arrays()                              # nothing pending: the new rows follow
         n = len(added)
         start, end = len(self.generations), len(self.generations) + n
-        need = np.fromiter(map(_NEED_TIME, added), float, n)
-        first_segment = np.fromiter(map(_K, added), float, n) == 0
-        budget = np.where(first_segment, need + np.fromiter(map(_TUF_ERT, added), float, n),
-                          need + 0.0)               # ert_s: TUF₀'s ERT for k = 0, else 0
+        budget = np.fromiter(map(_NEED_TIME, added), float, n)    # budget_s, as arrays
+        budget += np.fromiter(map(_ERT, added), float, n)
         budget -= ctx.now
         budget -= ctx.comm_s
         l_max: dict[str, float] = {}                # l_max is the robot profile's

@@ -39,12 +39,11 @@ class TimelyLlmPolicy(Policy):
 
     def __init__(self, lost_order: LostOrder = 'loss-rate',
                  stranded: StrandedRule = 'eq4') -> None:
-        if lost_order not in LOST_ORDERS:
-            raise PolicyError(f'unknown lost_order {lost_order!r}; '
-                              f'choose one of {", ".join(LOST_ORDERS)}')
-        if stranded not in STRANDED_RULES:
-            raise PolicyError(f'unknown stranded {stranded!r}; '
-                              f'choose one of {", ".join(STRANDED_RULES)}')
+        for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
+                                       ('stranded', stranded, STRANDED_RULES)):
+            if value not in choices:
+                raise PolicyError(f'unknown {option} {value!r}; '
+                                  f'choose one of {", ".join(choices)}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
 
