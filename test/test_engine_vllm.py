@@ -222,6 +222,28 @@ def test_admission_ignores_a_stale_usage_report_when_idle(engine: VllmEngine,
     engine.release('stale')
 
 
+def test_kv_room_leaves_out_running_and_suspended_plans(engine: VllmEngine) -> None:
+    """The room a stranded goal may fill (``timelyllm-share``): every block, less the blocks
+    of a generation admitted and, once it is suspended with output, the blocks its kept KV
+    fills in vLLM's prefix cache; a context is its prompt and output tokens."""
+    engine.register(_request('room_a', 'find the cat', max_tokens=4))
+    whole = engine.num_blocks * engine.block_size
+    assert engine.kv_room_tokens() == whole
+    assert engine.context_tokens('room_a') == len(engine._generations['room_a'].prompt_ids)
+    engine.run('room_a')
+    running = engine._blocks(engine._generations['room_a'])
+    assert engine.kv_room_tokens() == whole - running * engine.block_size
+    generation = engine._generations['room_a']
+    while not generation.output_ids:                # one step, or two under async scheduling
+        engine.step()
+    engine.pause('room_a')
+    assert generation.output_ids and engine.context_tokens('room_a') == generation.total
+    kept = -(-generation.total // engine.block_size)
+    assert engine.kv_room_tokens() == whole - kept * engine.block_size
+    engine.release('room_a')
+    assert engine.kv_room_tokens() == whole
+
+
 def test_the_scheduler_fails_a_goal_as_too_large_only_when_it_cannot_fit_alone(
         engine: VllmEngine, monkeypatch) -> None:
     from timelyllm_ros.core.clock import SimClock

@@ -415,6 +415,16 @@ class Engine(ABC):
         """The engine's latency model, if it has one (the simulator's calibration)."""
         return None
 
+    def kv_room_tokens(self) -> int | None:
+        """KV tokens new contexts can fill before the engine must drop a kept one (free
+        device blocks plus free host swap blocks; None: the engine does not tell)."""
+        return None
+
+    def context_tokens(self, request_id: str) -> int | None:
+        """KV tokens the generation's context fills when it runs (what a shared prompt
+        prefix does not cover, plus what it generated; None: the engine does not tell)."""
+        return None
+
     def cohort(self, request_id: str) -> Engine | None:
         """The engine whose iterations this generation would join, where that is not this
         one: a replica of a pool (None: this engine; its whole batch is one cohort)."""
@@ -498,6 +508,15 @@ class EngineView:
     def decode_step_s(self, batch_size: int) -> float:
         """Estimated time of one decode iteration with ``batch_size`` generations."""
         return self._engine.decode_step_s(batch_size)
+
+    def kv_room_tokens(self) -> int | None:
+        """KV tokens new contexts can fill before a kept one is dropped
+        (:meth:`Engine.kv_room_tokens`)."""
+        return self._engine.kv_room_tokens()
+
+    def context_tokens(self, request_id: str) -> int | None:
+        """KV tokens this generation's context fills (:meth:`Engine.context_tokens`)."""
+        return self._engine.context_tokens(request_id)
 
     def cohort(self, request_id: str) -> EngineView | None:
         """The view of the replica this generation would run on (:meth:`Engine.cohort`)."""

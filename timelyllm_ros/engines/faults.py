@@ -89,6 +89,12 @@ class FaultInjectingEngine(Engine):
     def cost_model(self) -> CostModel | None:
         return self.inner.cost_model()
 
+    def kv_room_tokens(self) -> int | None:
+        return self.inner.kv_room_tokens()
+
+    def context_tokens(self, request_id: str) -> int | None:
+        return self.inner.context_tokens(request_id)
+
     def cohort(self, request_id: str) -> Engine | None:
         return self.inner.cohort(request_id)
 

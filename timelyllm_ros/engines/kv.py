@@ -54,6 +54,10 @@ class KvCacheManager:
     def gpu_free(self) -> int:
         return self.gpu_blocks - self._gpu_used
 
+    @property
+    def host_free(self) -> int:
+        return self.host_blocks - self._host_used
+
     def _evictable(self) -> int:
         return self._paused_blocks
 

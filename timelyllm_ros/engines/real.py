@@ -259,6 +259,10 @@ class RealEngine(BatchingEngine[G]):
                            busy_s=self.busy_s, kv_bytes_per_token=self.kv_bytes_per_token,
                            grammar_s=self.grammar_s, model_s=self.model_s)
 
+    def context_tokens(self, request_id: str) -> int:
+        """Its prompt and output tokens: the KV a segment of it fills."""
+        return self._get(request_id).total
+
     def count_tokens(self, text: str) -> int:
         """Tokens of a text with the model's tokenizer (no special tokens)."""
         return len(self._encode(text))

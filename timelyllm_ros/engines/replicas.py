@@ -321,6 +321,19 @@ class SimulatedReplicas(Engine):
     def cost_model(self) -> CostModel | None:
         return self.replicas[0].cost_model()
 
+    def kv_room_tokens(self) -> int:
+        """The least of the replicas' rooms: what new contexts can fill wherever they go (a
+        sum would count room on one replica for contexts placed on another)."""
+        return min(replica.kv_room_tokens() for replica in self.replicas)
+
+    def context_tokens(self, request_id: str) -> int:
+        """On its replica once it has one; else as a replica would hold it (they share one
+        calibration, so one that has not run yet costs the same on any)."""
+        index = self._registered.get(request_id)
+        if index is not None:
+            return self.replicas[index].context_tokens(request_id)
+        return self.replicas[0].new_context_tokens(self._known(request_id))
+
     def replica_states(self) -> tuple[ReplicaState, ...]:
         return tuple(ReplicaState(str(index), running=len(replica.running))
                      for index, replica in enumerate(self.replicas))

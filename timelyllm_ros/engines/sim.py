@@ -187,6 +187,16 @@ class SimulatedEngine(BatchingEngine[_Generation]):
     def kv_accounting(self) -> KvAccounting:
         return self.kv
 
+    def kv_room_tokens(self) -> int:
+        return (self.kv.gpu_free + self.kv.host_free) * self.kv.block_size
+
+    def context_tokens(self, request_id: str) -> int:
+        return self.kv.tokens(request_id)
+
+    def new_context_tokens(self, request: EngineRequest) -> int:
+        """The KV tokens a request's context would fill here before it generates."""
+        return request.prompt_tokens - self._shared_tokens(request)
+
     def reset_prefix_cache(self) -> None:
         self._attended_total = None
         self._cached_prefixes.clear()
@@ -208,7 +218,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
             raise EngineError(f'request {request.request_id!r}: prefix_tokens must be within '
                               f'[0, prompt_tokens]')
         self._generations[request.request_id] = _Generation(request)
-        self.kv.add(request.request_id, request.prompt_tokens - self._shared_tokens(request))
+        self.kv.add(request.request_id, self.new_context_tokens(request))
 
     def can_run(self, request_id: str) -> bool:
         if request_id in self._running:

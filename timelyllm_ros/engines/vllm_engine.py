@@ -630,10 +630,23 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         live in vLLM, nothing holds blocks: the last report is not used (it is stale)."""
         if not self.num_blocks:
             return True
+        return self._blocks_in_use() + self._blocks(generation) <= self.num_blocks
+
+    def _blocks_in_use(self) -> float:
+        """Blocks vLLM last reported in use plus those of the generations admitted since."""
         live = bool(self._by_vllm_id)           # segment requests vLLM holds now
         used = self.usage.kv_cache_usage * self.num_blocks if live else 0.0
-        used += sum(self._blocks(self._generations[r]) for r in self._admitted)
-        return used + self._blocks(generation) <= self.num_blocks
+        return used + sum(self._blocks(self._generations[r]) for r in self._admitted)
+
+    def kv_room_tokens(self) -> int | None:
+        """Blocks neither in use nor holding a suspended plan's KV, in tokens. vLLM keeps a
+        suspended plan's KV only as evictable prefix cache: a new request that needs those
+        blocks evicts it, and the plan's next segment is prefilled again."""
+        if not self.num_blocks:
+            return None
+        kept = sum(-(-g.total // self.block_size) for request_id, g in self._generations.items()
+                   if g.output_ids and request_id not in self._running)
+        return max(int(self.num_blocks - self._blocks_in_use()) - kept, 0) * self.block_size
 
     def fits_when_idle(self, request_id: str) -> bool:
         """Whether the generation fits in vLLM's KV cache with nothing else in it."""
