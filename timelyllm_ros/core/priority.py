@@ -38,7 +38,11 @@ TUF₁).
     instead of 1.2 M). It is not the default: a goal still savable waits behind the stranded
     ones and may be lost too (``test_overload``'s fresh urgent goals behind 30 stranded
     ones), and at 5,000 robots on one engine or in replica pools it generates plans 10–33 %
-    slower (more plans in flight, more KV re-prefilled); the README has the measurements.
+    slower (more plans in flight, more KV re-prefilled); the README has the measurements;
+  - ``'share'``: here as ``'eq4'``; the policy then gives the stranded goals that lost most,
+    :func:`stranded_by_loss`, a share of the places of that order (:func:`interleave`), as
+    many as the engine has room for without harming a plan under way
+    (:class:`~timelyllm_ros.policies.timelyllm.TimelyLlmSharePolicy`).
 """
 
 from __future__ import annotations
@@ -46,13 +50,14 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from timelyllm_ros.core.queue import Column
 
 LostOrder = Literal['loss-rate', 'least-loss']
 LOST_ORDERS: tuple[LostOrder, ...] = ('loss-rate', 'least-loss')
-StrandedRule = Literal['first', 'eq4']
-STRANDED_RULES: tuple[StrandedRule, ...] = ('first', 'eq4')
+StrandedRule = Literal['first', 'eq4', 'share']
+STRANDED_RULES: tuple[StrandedRule, ...] = ('first', 'eq4', 'share')
 
 STRANDED = 1e200
 """The priority scale of stranded goals (``stranded='first'``): above any Eq. 4 value, whose
@@ -64,6 +69,15 @@ def waiting_time(now: float, ref: Column, g: Column, comm_s: float) -> Column:
     return np.maximum(now + g + comm_s - ref, 0.0)
 
 
+def utility_if_started(now: float, ref: Column, ert: Column, beta: Column, alpha: Column,
+                       g: Column, comm_s: float) -> Column:
+    """U: the utility each segment earns if its generation starts at ``now``."""
+    utility = alpha * (waiting_time(now, ref, g, comm_s) - ert)
+    utility += beta
+    np.minimum(utility, beta, out=utility)
+    return utility
+
+
 def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
                  alpha: Column, g: Column, comm_s: float,
                  lost_order: LostOrder = 'loss-rate', first: Column | None = None,
@@ -71,10 +85,7 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
     """Eq. 4 with the slack L defined in the module docstring; generations with no utility
     left ordered by ``lost_order``, and stranded goals (``first`` 1.0 for a goal's first
     segment; None: none is) placed by ``stranded``."""
-    wait = waiting_time(now, ref, g, comm_s)
-    utility = alpha * (wait - ert)
-    utility += beta
-    np.minimum(utility, beta, out=utility)
+    utility = utility_if_started(now, ref, ert, beta, alpha, g, comm_s)
     # L counts from the time the segment is needed (ref + ert), not from the clamped wait:
     # a segment needed later has more slack (module docstring).
     slack = ref + ert - (now + g + comm_s)
@@ -93,6 +104,39 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
         loss = -utility[rows]
         priority[rows] = STRANDED * (2.0 - 1.0 / (1.0 + loss))
     return priority
+
+
+def stranded_by_loss(now: float, ref: Column, ert: Column, beta: Column, alpha: Column,
+                     g: Column, comm_s: float, first: Column, seq: Column) -> NDArray[np.intp]:
+    """The rows of the stranded goals (a first segment with no utility left), the one that
+    has lost most first (equal losses: the earlier queued first)."""
+    rows = np.flatnonzero(first > 0.0)
+    utility = utility_if_started(now, ref[rows], ert[rows], beta[rows], alpha[rows], g[rows],
+                                 comm_s)
+    lost = utility <= 0.0
+    rows, utility = rows[lost], utility[lost]
+    ranked: NDArray[np.intp] = rows[np.lexsort((seq[rows], utility))]
+    return ranked
+
+
+def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
+               share: float) -> Column:
+    """Priorities that give the ``promoted`` rows (best first) a ``share`` of the places of
+    ``priority``'s order, the rest keeping their order (ties to the lower ``seq``): the i-th
+    promoted row (from 1) takes place i/share, the j-th other j/(1 − share), a promoted
+    row first at equal places. Returns minus each row's place: distinct, higher first."""
+    n = len(priority)
+    other = np.ones(n, dtype=bool)
+    other[promoted] = False
+    rest = np.flatnonzero(other)
+    rest = rest[np.lexsort((seq[rest], -priority[rest]))]
+    place = np.empty(n)
+    place[promoted] = np.arange(1, len(promoted) + 1) / share
+    place[rest] = np.arange(1, len(rest) + 1) / (1.0 - share)
+    order = np.lexsort((other, place))
+    ranked = np.empty(n)
+    ranked[order] = -np.arange(n, dtype=float)
+    return ranked
 
 
 def _places(alpha_per_g: Column, utility: Column) -> Column:

@@ -186,6 +186,7 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.profiles = profiles if isinstance(profiles, ProfileCache) else ProfileCache(profiles)
         self.queue = GenerationQueue()
+        policy.attach(self.engine_view, self._cap)
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
         self._running: dict[str, Generation] = {}

@@ -15,12 +15,16 @@ from timelyllm_ros.policies.baselines import (
 from timelyllm_ros.policies.semantic import SemanticPolicy
 from timelyllm_ros.policies.slice import SlicePolicy
 from timelyllm_ros.policies.timebill import TimeBillPolicy, TimeBillSkipNextPolicy
-from timelyllm_ros.policies.timelyllm import TimelyLlmArtifactPolicy, TimelyLlmPolicy
+from timelyllm_ros.policies.timelyllm import (
+    TimelyLlmArtifactPolicy,
+    TimelyLlmPolicy,
+    TimelyLlmSharePolicy,
+)
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (VllmPolicy, VllmStreamPolicy, SegmentedFcfsPolicy, SegmentedEdfPolicy,
-                TimelyLlmPolicy, TimelyLlmArtifactPolicy,
+                TimelyLlmPolicy, TimelyLlmSharePolicy, TimelyLlmArtifactPolicy,
                 SemanticPolicy, AutellixPolicy, AutellixAtlasPolicy,
                 TimeBillPolicy, TimeBillSkipNextPolicy, SlicePolicy)
 }

@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from timelyllm_ros.core.admission import AdmissionContext, fits
 from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.core.request import Generation
-from timelyllm_ros.engines.base import StepResult
+from timelyllm_ros.engines.base import EngineView, StepResult
 
 Eviction = Literal['keep', 'host', 'none']   # KV stays resident / swapped to host / dropped
 
@@ -57,6 +57,12 @@ class Policy(ABC):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         """Whether ``candidate`` (the best queued generation) may join the batch now."""
         return fits(candidate, ctx)
+
+    def attach(self, engine: EngineView, batch_cap: int) -> None:
+        """The scheduler this policy serves runs ``engine`` with at most ``batch_cap``
+        generations at once: a policy whose ranking reads the engine's state keeps the view
+        (it tells, it cannot act)."""
+        return
 
     # -- optional steering hooks ------------------------------------------------------------
     def overruns(self, ctx: AdmissionContext) -> Mapping[str, str]:

@@ -12,10 +12,13 @@ from timelyllm_ros.core.priority import (
     LostOrder,
     StrandedRule,
     artifact_priority,
+    interleave,
     pud_priority,
+    stranded_by_loss,
 )
 from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.core.request import Generation
+from timelyllm_ros.engines.base import EngineView
 from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.policies.base import Policy
 
@@ -30,34 +33,107 @@ class TimelyLlmPolicy(Policy):
             reading of Eq. 4 this project used until issue 28).
         stranded: where a goal still waiting for its first segment goes once it can no
             longer earn utility: ``'eq4'`` (default, with the other lost ones, below every
-            earning segment, as Eq. 4 ranks it) or ``'first'`` (before every other
-            generation, the one that has lost most first; measured in the README).
+            earning segment, as Eq. 4 ranks it), ``'first'`` (before every other
+            generation, the one that has lost most first) or ``'share'`` (the ones that
+            have lost most take ``stranded_share`` of the places of Eq. 4's order, as many
+            as the engine's KV memory holds beside every plan under way; measured in the
+            README).
+        stranded_share: the share of the admission order stranded goals take (``'share'``).
+        stranded_plan_tokens: the KV tokens a promoted stranded goal reserves beyond its
+            prompt for the plan it will generate (``'share'``).
     """
 
     name = 'timelyllm'
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'
 
-    def __init__(self, lost_order: LostOrder = 'loss-rate',
-                 stranded: StrandedRule = 'eq4') -> None:
+    def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
+                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES)):
             if value not in choices:
                 raise PolicyError(f'unknown {option} {value!r}; '
                                   f'choose one of {", ".join(choices)}')
+        if not 0.0 < stranded_share < 1.0:
+            raise PolicyError(f'stranded_share must be within (0, 1), got {stranded_share}')
+        if stranded_plan_tokens < 0:
+            raise PolicyError(f'stranded_plan_tokens must be >= 0, got {stranded_plan_tokens}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
+        self.stranded_share = stranded_share
+        self.stranded_plan_tokens = stranded_plan_tokens
+        self._engine: EngineView | None = None
+        self._batch_cap = 0
+        self._under_way: set[str] = set()       # plans with a segment cut, still generating
+
+    def attach(self, engine: EngineView, batch_cap: int) -> None:
+        self._engine, self._batch_cap = engine, batch_cap
+
+    def on_cut(self, generation: Generation, now: float) -> None:
+        self._under_way.add(generation.task_id)
+
+    def on_end(self, generation: Generation, now: float) -> None:
+        self._under_way.discard(generation.task_id)
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         return self._rank(queue, now)
 
     def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
-        return pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g,
-                            queue.comm_s, self.lost_order, queue.first, self.stranded)
+        stranded = self.stranded
+        priority = pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
+                                queue.g, queue.comm_s, self.lost_order, queue.first,
+                                'eq4' if stranded == 'share' else stranded)
+        if stranded != 'share' or priority.min(initial=1.0) > 0.0:
+            return priority
+        promoted = self._within_room(queue, stranded_by_loss(
+            now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g, queue.comm_s,
+            queue.first, queue.seq))
+        if not len(promoted):
+            return priority
+        return interleave(priority, queue.seq, promoted, self.stranded_share)
+
+    def _within_room(self, queue: QueueView, rows: NDArray[np.intp]) -> NDArray[np.intp]:
+        """The leading ``rows`` that starting harms no plan under way: as many as the batch
+        has slots beyond one for every plan under way (each still gets a slot when its next
+        segment is due), or, if more, as many as fit in the engine's KV room, each context
+        with ``stranded_plan_tokens`` more (no plan under way has its KV dropped and
+        prefilled again). None where the engine does not tell its room."""
+        engine = self._engine
+        room = engine.kv_room_tokens() if engine is not None else None
+        if engine is None or room is None:
+            return rows[:0]
+        fit = 0
+        for row in rows[:self._batch_cap]:      # no decision admits more
+            context = engine.context_tokens(queue.task_ids[row])
+            if context is None:
+                break
+            room -= context + self.stranded_plan_tokens
+            if room < 0:
+                break
+            fit += 1
+        return rows[:max(fit, self._batch_cap - len(self._under_way))]
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
         return fits(candidate, ctx) and latency_guided(candidate, ctx)
+
+
+class TimelyLlmSharePolicy(TimelyLlmPolicy):
+    """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``).
+
+    Eq. 4 leaves a goal that has lost its utility before its first segment behind every
+    segment that still earns; while earning resume segments keep arriving it waits (34–39 s
+    on the authors' arm workload in the paper's setup). Here such goals, the one that has
+    lost most first, take every other place of Eq. 4's order, as many as join without
+    harming a plan under way. Where no goal is stranded it decides as ``timelyllm`` does.
+    """
+
+    name = 'timelyllm-share'
+    description = 'timelyllm, with goals stranded before their first segment sharing admission'
+
+    def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
+                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256) -> None:
+        super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
