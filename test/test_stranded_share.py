@@ -40,9 +40,11 @@ def test_interleave_gives_the_promoted_rows_a_share_of_the_places() -> None:
 
     assert order(interleave(priority, seq, promoted, 0.5)) == [4, 0, 3, 1, 2]
     assert order(interleave(priority, seq, promoted, 0.25)) == [0, 1, 4, 2, 3]
-    # equal priorities among the others keep the queue's tie-break (the lower seq first)
-    tied = interleave(_arr(1.0, 1.0, 1.0), _arr(2, 0, 1), np.array([], dtype=np.intp), 0.5)
-    assert order(tied) == [1, 2, 0]
+    # the others placed before the last promoted row are the best by priority, then seq;
+    # the rest keep their priorities, below (here row 0, ranked by the scheduler's seq rule)
+    tied = interleave(_arr(1.0, 1.0, 1.0, -1.0), _arr(2, 0, 1, 3), np.array([3]), 0.25)
+    assert order(tied)[:3] == [1, 2, 3] and tied[0] == 1.0
+    assert interleave(priority, seq, np.array([], dtype=np.intp), 0.5) is priority
 
 
 def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:

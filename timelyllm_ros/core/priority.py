@@ -52,7 +52,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.core.queue import Column
+from timelyllm_ros.core.queue import Column, best_rows
 
 LostOrder = Literal['loss-rate', 'least-loss']
 LOST_ORDERS: tuple[LostOrder, ...] = ('loss-rate', 'least-loss')
@@ -123,19 +123,24 @@ def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
                share: float) -> Column:
     """Priorities that give the ``promoted`` rows (best first) a ``share`` of the places of
     ``priority``'s order, the rest keeping their order (ties to the lower ``seq``): the i-th
-    promoted row (from 1) takes place i/share, the j-th other j/(1 − share), a promoted
-    row first at equal places. Returns minus each row's place: distinct, higher first."""
-    n = len(priority)
-    other = np.ones(n, dtype=bool)
+    promoted row (from 1) takes place i/share, the j-th other j/(1 − share), a promoted row
+    first at equal places. Only the others placed before the last promoted row are sorted
+    (a partial sort): the rows from there on keep their priorities, below the interleaved
+    head's."""
+    m = len(promoted)
+    if not m:
+        return priority
+    other = np.ones(len(priority), dtype=bool)
     other[promoted] = False
     rest = np.flatnonzero(other)
-    rest = rest[np.lexsort((seq[rest], -priority[rest]))]
-    place = np.empty(n)
-    place[promoted] = np.arange(1, len(promoted) + 1) / share
-    place[rest] = np.arange(1, len(rest) + 1) / (1.0 - share)
-    order = np.lexsort((other, place))
-    ranked = np.empty(n)
-    ranked[order] = -np.arange(n, dtype=float)
+    ahead = int(np.searchsorted(np.arange(1, len(rest) + 1) / (1.0 - share), m / share))
+    rest = rest[best_rows(priority[rest], seq[rest], ahead)[:ahead]] if ahead else rest[:0]
+    head = np.concatenate([promoted, rest])
+    place = np.concatenate([np.arange(1, m + 1) / share,
+                            np.arange(1, len(rest) + 1) / (1.0 - share)])
+    order = head[np.lexsort((np.arange(len(head)) >= m, place))]
+    ranked = priority.copy()
+    ranked[order] = float(priority.max()) + 1.0 + np.arange(len(order), 0, -1, dtype=float)
     return ranked
 
 
