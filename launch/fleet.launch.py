@@ -1,7 +1,7 @@
 """A simulated (or emulated, or real) fleet: one planner, N drones, M arms, optional recorder.
 
     ros2 launch timelyllm_ros fleet.launch.py drones:=3 arms:=1 backend:=sim engine:=sim \
-        policy:=timelyllm record:=true bag:=/tmp/fleet_bag
+        policy:=timelyllm-share record:=true bag:=/tmp/fleet_bag
     ros2 launch timelyllm_ros fleet.launch.py engine:=cpu model:=smollm2 \
         engine_options:='threads=2 kv_tokens=8192' backend:=emulator
     ros2 launch timelyllm_ros fleet.launch.py engine:=vllm-server \

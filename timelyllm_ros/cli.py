@@ -629,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser('run', help='simulate a fleet on a workload under one policy')
     _add_workload_args(run)
-    run.add_argument('--policy', default='timelyllm')
+    run.add_argument('--policy', default='timelyllm-share')
     run.add_argument('--json', type=output_file, help='also write the summary to this file')
     run.set_defaults(func=cmd_run)
 

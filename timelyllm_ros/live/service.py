@@ -135,7 +135,7 @@ class PlannerService:
         self.loop_load = LoopLoad()
 
     @classmethod
-    def create(cls, policy: str = 'timelyllm', engine: str = 'sim', model: str | None = None,
+    def create(cls, policy: str = 'timelyllm-share', engine: str = 'sim', model: str | None = None,
                engine_options: Mapping[str, object] | None = None,
                calibration: str | None = None, max_batch: int | None = None,
                comm_s: float = 0.008, profiles_dir: str | None = None,

@@ -601,8 +601,9 @@ PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
         'comparison)', BOOL)),
     ('calibration', '', describe('latency calibration of the simulator (name or YAML '
                                     'path; empty: the bundled default)', STR)),
-    ('policy', 'timelyllm', describe('scheduling policy (timelyllm, vllm, seg-edf, '
-                                        'semantic, autellix-plas, timebill, slice, ...)', STR)),
+    ('policy', 'timelyllm-share', describe('scheduling policy (timelyllm-share, timelyllm, '
+                                              'vllm, seg-edf, semantic, autellix-plas, '
+                                              'timebill, slice, ...)', STR)),
     ('max_batch', 0, describe('fixed batch cap (0: the engine limit)', INT,
                                  integer=(0, 4096))),
     ('comm_s', 0.008, describe('one-way network latency to the robots (s)', FLOAT,
