@@ -18,6 +18,9 @@ defaults, each called by the scheduler at one point of every tick:
 5. the engine iteration, then the observers :meth:`on_step`, :meth:`on_cut`, :meth:`on_end`;
    :meth:`on_submit` runs when a request arrives.
 
+:meth:`attach` runs once, when a scheduler takes the policy: it hands over the engine's
+read-only view and the batch cap, for a ranking that reads the engine's state.
+
 The scheduler loop never changes to add a policy; policy state lives in the policy.
 """
 
