@@ -148,6 +148,11 @@ class KvAccounting(Protocol):
         """Free device blocks."""
         ...
 
+    @property
+    def host_free(self) -> int:
+        """Free host (swap) blocks."""
+        ...
+
     def blocks(self, tokens: int) -> int:
         """Blocks that ``tokens`` tokens occupy."""
         ...

@@ -12,6 +12,7 @@ from timelyllm_ros.policies.baselines import (
     VllmPolicy,
     VllmStreamPolicy,
 )
+from timelyllm_ros.policies.continuum import ContinuumPolicy
 from timelyllm_ros.policies.semantic import SemanticPolicy
 from timelyllm_ros.policies.slice import SlicePolicy
 from timelyllm_ros.policies.timebill import TimeBillPolicy, TimeBillSkipNextPolicy
@@ -26,7 +27,7 @@ POLICIES: dict[str, type[Policy]] = {
     for cls in (VllmPolicy, VllmStreamPolicy, SegmentedFcfsPolicy, SegmentedEdfPolicy,
                 TimelyLlmPolicy, TimelyLlmSharePolicy, TimelyLlmArtifactPolicy,
                 SemanticPolicy, AutellixPolicy, AutellixAtlasPolicy,
-                TimeBillPolicy, TimeBillSkipNextPolicy, SlicePolicy)
+                TimeBillPolicy, TimeBillSkipNextPolicy, SlicePolicy, ContinuumPolicy)
 }
 PAPER_POLICIES = ('vllm', 'vllm-stream', 'seg-fcfs', 'seg-edf', 'timelyllm')
 
