@@ -307,3 +307,17 @@ def test_without_its_processor_vllm_chooses_the_same_tokens_and_close_gives_memo
             bare.close()
         # what the engine held (weights, its 1 GiB KV cache) is given back
         assert _rss_gib() - before < 0.5 * grown[-1], (before, grown, _rss_gib())
+
+
+def test_without_prefix_caching_a_resume_prefills_its_whole_context(engine: VllmEngine) -> None:
+    """``prefix_caching=False`` (``bench``'s contended regime) reaches vLLM: a resumed segment
+    finds none of its kept KV, where the shared engine (caching on) finds most of it."""
+    contended = VllmEngine(MODEL, max_num_seqs=2, max_model_len=1024, kv_cache_gb=1,
+                           prefix_caching=False)
+    try:
+        assert not contended.llm.vllm_config.cache_config.enable_prefix_caching
+        assert engine.llm.vllm_config.cache_config.enable_prefix_caching
+        _generate(contended, 'nocache', 'find the cat', max_tokens=8, cut_every=2)
+        assert contended.resumes and contended.resume_cached_tokens == 0
+    finally:
+        contended.close()

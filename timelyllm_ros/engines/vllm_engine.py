@@ -527,6 +527,7 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         lookahead_tokens: int = 16,
         chat_template: bool = True,
         grammar: bool = True,
+        prefix_caching: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         """Args:
@@ -552,6 +553,9 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
                 ``'grammar'`` capability (the scheduler then sends no grammar and checks plans
                 after generation) and applies no repetition penalty. ``force_script`` installs
                 the processor either way.
+            prefix_caching: vLLM's prefix caching, through which a resumed segment finds its
+                kept KV (False: every resume prefills its whole context; ``bench``'s
+                contended regime).
             engine_kwargs: further ``vllm.EngineArgs`` fields.
         """
         super().__init__(model, max_num_seqs, lookahead_tokens, force_script)
@@ -571,7 +575,8 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
             model=model, tokenizer=model, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, dtype=dtype, seed=seed,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
-            scheduling_policy='priority' if use_priority else 'fcfs')
+            scheduling_policy='priority' if use_priority else 'fcfs',
+            enable_prefix_caching=prefix_caching)
         if async_scheduling is not None:
             args['async_scheduling'] = async_scheduling
         # the processor is fixed at start-up: vLLM builds its logits processors once
