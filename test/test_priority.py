@@ -152,6 +152,15 @@ def test_timelyllm_policy_lost_order_is_a_checked_parameter() -> None:
         TimelyLlmPolicy('most-loss')  # type: ignore[arg-type]
 
 
+def _stranded_example() -> tuple[float, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                 np.ndarray, np.ndarray]:
+    """The worked example below: (t, ref, ert, beta, alpha, g, first) of four segments."""
+    return (1.5, _arr(0.0, 1.0, 1.4, 0.5), _arr(NORMAL.ert_s, URGENT.ert_s, NORMAL.ert_s, 0.0),
+            _arr(NORMAL.beta, URGENT.beta, NORMAL.beta, NORMAL.beta),
+            _arr(NORMAL.alpha, URGENT.alpha, NORMAL.alpha, NORMAL.alpha), _arr(G, G, G, G),
+            _arr(1.0, 1.0, 1.0, 0.0))
+
+
 def test_a_stranded_goal_goes_first_the_one_that_lost_most_first() -> None:
     """With ``stranded='first'`` a goal still waiting for its first segment with no utility
     left (its robot has no plan at all) goes before every other generation, earning ones
@@ -164,13 +173,7 @@ def test_a_stranded_goal_goes_first_the_one_that_lost_most_first() -> None:
     (U = 1); and a normal resume segment needed at 0.5 (ERT 0: W = 1.098, U = −1.196)."""
     from timelyllm_ros.core.priority import STRANDED
 
-    t = 1.5
-    ref = _arr(0.0, 1.0, 1.4, 0.5)
-    ert = _arr(NORMAL.ert_s, URGENT.ert_s, NORMAL.ert_s, 0.0)
-    beta = _arr(NORMAL.beta, URGENT.beta, NORMAL.beta, NORMAL.beta)
-    alpha = _arr(NORMAL.alpha, URGENT.alpha, NORMAL.alpha, NORMAL.alpha)
-    first = _arr(1.0, 1.0, 1.0, 0.0)
-    g = _arr(G, G, G, G)
+    t, ref, ert, beta, alpha, g, first = _stranded_example()
     out = pud_priority(t, ref, ert, beta, alpha, g, COMM, 'loss-rate', first, 'first')
     assert out[:2].tolist() == pytest.approx(
         [STRANDED * (2 - 1 / 1.196), STRANDED * (2 - 1 / 1.6533)], rel=1e-4)
@@ -435,3 +438,17 @@ def test_resolve_policy_names() -> None:
 def test_resolve_policy_names_errors(spec: str, match: str) -> None:
     with pytest.raises(PolicyError, match=match):
         resolve_policy_names(spec)
+
+
+def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:
+    """The same example: the stranded goals (``timelyllm-share`` promotes them) are rows 1
+    then 0, the urgent one having lost more; the lost resume (row 3) is not stranded. Equal
+    losses: the earlier queued first."""
+    from timelyllm_ros.core.priority import stranded_by_loss
+
+    t, ref, ert, beta, alpha, g, first = _stranded_example()
+    rows = stranded_by_loss(t, ref, ert, beta, alpha, g, COMM, first, _arr(0, 1, 2, 3))
+    assert rows.tolist() == [1, 0]
+    same = stranded_by_loss(t, ref[:1].repeat(2), ert[:1].repeat(2), beta[:1].repeat(2),
+                            alpha[:1].repeat(2), g[:2], COMM, first[:2], _arr(7, 3))
+    assert same.tolist() == [1, 0]

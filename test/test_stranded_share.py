@@ -8,18 +8,14 @@ import pytest
 from utils import make_spec, tiny_calibration
 
 from timelyllm_ros.core.clock import SimClock
-from timelyllm_ros.core.priority import interleave, pud_priority, stranded_by_loss
+from timelyllm_ros.core.priority import interleave
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
-from timelyllm_ros.core.tuf import tuf_for_class
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.replicas import SimulatedReplicas
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.policies import create_policy
 from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy, TimelyLlmSharePolicy
-
-NORMAL, URGENT = tuf_for_class('normal'), tuf_for_class('urgent')
-G, COMM = 0.09, 0.008
 
 
 def _arr(*values: float) -> np.ndarray:
@@ -45,28 +41,6 @@ def test_interleave_gives_the_promoted_rows_a_share_of_the_places() -> None:
     tied = interleave(_arr(1.0, 1.0, 1.0, -1.0), _arr(2, 0, 1, 3), np.array([3]), 0.25)
     assert order(tied)[:3] == [1, 2, 3] and tied[0] == 1.0
     assert interleave(priority, seq, np.array([], dtype=np.intp), 0.5) is priority
-
-
-def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:
-    """Issue 28's worked example at t = 1.5 (G = 0.09, comm = 0.008): a normal goal that
-    arrived at 0 has U = −0.196, an urgent one that arrived at 1.0 U = −0.6533, an earning
-    goal U = 1, and a lost resume segment (not a first segment) U = −1.196. The stranded ones
-    are rows 1 then 0 (the urgent has lost more); the resume is not stranded."""
-    t = 1.5
-    ref = _arr(0.0, 1.0, 1.4, 0.5)
-    ert = _arr(NORMAL.ert_s, URGENT.ert_s, NORMAL.ert_s, 0.0)
-    beta = _arr(NORMAL.beta, URGENT.beta, NORMAL.beta, NORMAL.beta)
-    alpha = _arr(NORMAL.alpha, URGENT.alpha, NORMAL.alpha, NORMAL.alpha)
-    first = _arr(1.0, 1.0, 1.0, 0.0)
-    g = _arr(G, G, G, G)
-    rows = stranded_by_loss(t, ref, ert, beta, alpha, g, COMM, first, _arr(0, 1, 2, 3))
-    assert rows.tolist() == [1, 0]
-    # equal losses: the earlier queued first
-    same = stranded_by_loss(t, _arr(0.0, 0.0), ert[:2] * 0 + NORMAL.ert_s, beta[:2] * 0 + 1,
-                            _arr(NORMAL.alpha, NORMAL.alpha), g[:2], COMM, first[:2], _arr(7, 3))
-    assert same.tolist() == [1, 0]
-    eq4 = pud_priority(t, ref, ert, beta, alpha, g, COMM, 'loss-rate', first, 'eq4')
-    assert eq4[2] > 0 > max(eq4[[0, 1, 3]])
 
 
 def _queue_of_stranded_and_fresh(policy: TimelyLlmPolicy, engine: SimulatedEngine,
