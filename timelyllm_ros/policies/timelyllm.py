@@ -36,8 +36,8 @@ class TimelyLlmPolicy(Policy):
             earning segment, as Eq. 4 ranks it), ``'first'`` (before every other
             generation, the one that has lost most first) or ``'share'`` (the ones that
             have lost most take ``stranded_share`` of the places of Eq. 4's order, as many
-            as the engine's KV memory holds beside every plan under way; measured in the
-            README).
+            as free batch slots or the engine's KV room allow without harming a plan under
+            way; measured in the README).
         stranded_share: the share of the admission order stranded goals take (``'share'``).
         stranded_plan_tokens: the KV tokens a promoted stranded goal reserves beyond its
             prompt for the plan it will generate (``'share'``).
