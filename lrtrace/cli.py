@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     record = sub.add_parser('record', help='simulate a workload and record every task')
     record.add_argument('--workload', default='wid1', help='built-in or authors workload')
     record.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
-    record.add_argument('--policy', default='timelyllm')
+    record.add_argument('--policy', default='timelyllm-share')
     record.add_argument('--seed', type=SEED, default=0)
     record.add_argument('--limit', type=int_arg(1), help='record only the first N tasks')
     record.add_argument('--jitter', type=JITTER, default=0.0,
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument('bags', nargs='+', metavar='BAG')
     replay.add_argument('--workload-spec', help='built-in workload name or spec YAML drawn '
                         'over the recorded traces (default: the recorded arrivals)')
-    replay.add_argument('--policy', default='timelyllm')
+    replay.add_argument('--policy', default='timelyllm-share')
     replay.add_argument('--seed', type=SEED, default=0)
     replay.add_argument('--comm-ms', type=COMM_MS, default=8.0, help='network latency (ms)')
     replay.add_argument('--json', type=output_file, help='also write the summary to this file')
