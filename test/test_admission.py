@@ -324,6 +324,8 @@ def test_the_batch_columns_follow_a_round_of_admissions_like_a_fresh_build() -> 
         assert kept.generations == fresh.generations
         assert kept.most_urgent == fresh.most_urgent
         assert kept.most_urgent_budget == fresh.most_urgent_budget
+        assert (kept.most_urgent_remaining == fresh.most_urgent_remaining
+                == fresh.remaining[fresh.most_urgent])
         for column in ('remaining', 'budget', 'alpha'):
             assert getattr(kept, column).tolist() == getattr(fresh, column).tolist()
         assert kept.delay_floor(0.03).tolist() == fresh.delay_floor(0.03).tolist()

@@ -221,23 +221,28 @@ def wcet_s(generation: Generation, extra_s: float, batch_size: int,
            ctx: AdmissionContext, decode_s: DecodeSteps | None = None) -> float:
     """Worst-case time to finish the generation's current segment in a batch of the given size
     (``decode_s``: the engine's decode-step model, default ``ctx.engine.decode_step_s``)."""
-    decode_s = decode_s or ctx.engine.decode_step_s
     remaining = max(ctx.max_segment_tokens(generation) - generation.segment_tokens, 1)
+    recent, scale = _step_scale(batch_size, ctx, decode_s or ctx.engine.decode_step_s)
+    return extra_s + remaining * recent * scale
+
+
+def _step_scale(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps
+                ) -> tuple[float, float]:
+    """``(r, s)``: the per-token decode time at ``batch_size`` is ``r·s``, as :func:`wcet_s`
+    estimates it: the observed step time scaled by the model's time at that size over its
+    time at the batch's size, or (before any step was observed) the model's time itself.
+    Kept apart so that a caller multiplying by a token count rounds as :func:`wcet_s` does."""
     model_next = decode_s(batch_size)
     if ctx.recent_step_s is None:
-        return extra_s + remaining * model_next
+        return 1.0, model_next
     model_now = decode_s(max(len(ctx.running), 1))
-    scale = model_next / model_now if model_now > 0 else 1.0
-    return extra_s + remaining * ctx.recent_step_s * scale
+    return ctx.recent_step_s, (model_next / model_now if model_now > 0 else 1.0)
 
 
 def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> float:
     """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
-    model_next = decode_s(batch_size)
-    if ctx.recent_step_s is None:
-        return model_next
-    model_now = decode_s(max(len(ctx.running), 1))
-    return ctx.recent_step_s * (model_next / model_now if model_now > 0 else 1.0)
+    recent, scale = _step_scale(batch_size, ctx, decode_s)
+    return recent * scale
 
 
 @dataclass(slots=True)
@@ -329,6 +334,7 @@ class BatchColumns:
 
     def __init__(self) -> None:
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
+        self._l_max: dict[str, int] = {}          # l_max per robot profile, asked once
         self._reset()
 
     def _reset(self) -> None:
@@ -338,6 +344,7 @@ class BatchColumns:
         self.most_urgent = -1     # row of the smallest budget (the first of equals), kept as
                                   # rows are appended: no scan of the batch per test
         self.most_urgent_budget = math.inf
+        self.most_urgent_remaining = 1.0          # its tokens left to l_max
         self.weights = DelayWeights()
         self._floor: Column = np.empty(0)        # max(remaining · step, budget) per row
         self._floor_step, self._floor_rows = math.nan, 0
@@ -442,13 +449,14 @@ class BatchColumns:
             return self
         for offset, g in enumerate(added):
             budget = budget_s(g, ctx)
-            remaining = max(ctx.max_segment_tokens(g) - g.segment_tokens, 1)
+            remaining = max(self._profile_l_max(g, ctx) - g.segment_tokens, 1)
             alpha = g.spec.tuf.alpha
             self._pending.append((remaining, budget, alpha))
             self.weights.add(remaining, budget, alpha)
             if budget < self.most_urgent_budget or self.most_urgent < 0:
                 self.most_urgent = start + offset
                 self.most_urgent_budget = budget
+                self.most_urgent_remaining = remaining
         self.generations.extend(added)
         return self
 
@@ -462,10 +470,9 @@ class BatchColumns:
         budget += np.fromiter(map(_ERT, added), float, n)
         budget -= ctx.now
         budget -= ctx.comm_s
-        l_max: dict[str, float] = {}                # l_max is the robot profile's
+        l_max = self._l_max
         for g in added:
-            if g.spec.profile not in l_max:
-                l_max[g.spec.profile] = ctx.max_segment_tokens(g)
+            self._profile_l_max(g, ctx)
         remaining = np.fromiter((l_max[p] for p in map(_PROFILE, added)), float, n)
         remaining -= np.fromiter(map(_SEGMENT_TOKENS, added), float, n)
         np.maximum(remaining, 1.0, out=remaining)
@@ -478,7 +485,16 @@ class BatchColumns:
         first = int(np.argmin(budget))              # the first of equals
         if budget[first] < self.most_urgent_budget or self.most_urgent < 0:
             self.most_urgent, self.most_urgent_budget = start + first, float(budget[first])
+            self.most_urgent_remaining = float(remaining[first])
         self.generations.extend(added)
+
+    def _profile_l_max(self, generation: Generation, ctx: AdmissionContext) -> int:
+        """``l_max`` of the generation's robot profile (the same for every generation of it)."""
+        profile = generation.spec.profile
+        l_max = self._l_max.get(profile)
+        if l_max is None:
+            l_max = self._l_max[profile] = ctx.max_segment_tokens(generation)
+        return l_max
 
     def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
         """The generations appended to ``running`` since these columns were built, or None
@@ -531,8 +547,13 @@ def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
     if not size:
         return 0.0 <= gain
     decode_s = decode_s or ctx.engine.decode_step_s
-    batch = batch if batch is not None else _batch(ctx)
-    step_now, step_next = _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s)
+    return _delay_cost_at_most(gain, extra_s, batch if batch is not None else _batch(ctx),
+                               _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s))
+
+
+def _delay_cost_at_most(gain: float, extra_s: float, batch: BatchColumns, step_now: float,
+                        step_next: float) -> bool:
+    """:func:`delay_cost_within` at the given step times (before and after the join)."""
     bounds = batch.weights.bounds(extra_s, step_now, step_next)
     if bounds is not None:
         lower, upper, scale = bounds
@@ -580,8 +601,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     if not ctx.running:
         return True
     batch = _batch(ctx)
-    first = batch.most_urgent                   # the first of equals, as min() would
-    most_urgent, budget = batch.generations[first], batch.most_urgent_budget
+    budget = batch.most_urgent_budget           # the first of equals, as min() would
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
     if candidate_budget <= budget + tie:
@@ -589,10 +609,13 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
     decode_s = _decode_steps(ctx)
+    remaining = batch.most_urgent_remaining     # the most urgent one's WCET, as wcet_s
+    recent, scale_next = _step_scale(size + 1, ctx, decode_s)
     if budget > 0:
-        return wcet_s(most_urgent, extra, size + 1, ctx, decode_s) <= budget
-    wait = wcet_s(most_urgent, 0.0, size, ctx, decode_s)
+        return extra + remaining * recent * scale_next <= budget
+    scale_now = _step_scale(size, ctx, decode_s)[1]
+    wait = 0.0 + remaining * recent * scale_now
     gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
-    return delay_cost_within(gain, extra, ctx, batch, decode_s)
+    return _delay_cost_at_most(gain, extra, batch, recent * scale_now, recent * scale_next)
