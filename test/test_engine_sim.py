@@ -379,6 +379,7 @@ def test_kv_accounting() -> None:
     kv = KvCacheManager(gpu_blocks=10, host_blocks=4, block_size=16)
     kv.add('a', 40)                                   # 3 blocks
     assert kv.location('a') == 'none' and kv.gpu_free == 10
+    assert kv.dropped_tokens == 0                     # never built: nothing to rebuild
     assert kv.can_place('a', 16)                      # 56 tokens -> 4 blocks
     assert kv.place('a', 16) == 'none'
     assert kv.location('a') == 'gpu' and kv.gpu_free == 7
@@ -404,10 +405,19 @@ def test_kv_accounting() -> None:
     assert (kv.location('b'), kv.location('c')) == ('none', 'none')
     assert kv.drops == 2 and kv.gpu_free == 0
     assert kv.tokens('b') == 100                      # length remembered for re-prefill
+    assert kv.dropped_tokens == 100 + 30              # both must be rebuilt to run again
     # full GPU, nothing evictable: growth fails and changes nothing
     assert not kv.grow('d', 1) and kv.tokens('d') == 160
     kv.drop('d')
     assert kv.location('d') == 'none' and kv.gpu_free == 10 and kv.tokens('d') == 160
+    kv.drop('d')                                      # dropped once, counted once
+    assert kv.dropped_tokens == 100 + 30 + 160
+    kv.shrink('c', 10)                                # compression forgets 10 of them
+    kv.place('b', 0)                                  # rebuilt
+    assert kv.dropped_tokens == 20 + 160
+    kv.remove('c')
+    kv.remove('b')
+    assert kv.dropped_tokens == 160
     # swap 'a' back in: host blocks freed, so an eviction can go to the host again
     assert kv.place('a', 0) == 'host' and kv.gpu_free == 6
     kv.pause('a')
@@ -415,7 +425,7 @@ def test_kv_accounting() -> None:
     assert kv.location('a') == 'host' and kv.swaps_out == 2
     kv.remove('a')                                    # frees its host blocks
     kv.remove('d')
-    assert kv.gpu_free == 10
+    assert kv.gpu_free == 10 and kv.dropped_tokens == 0
     kv.remove('missing')                              # no-op
     with pytest.raises(KeyError):
         kv.location('a')

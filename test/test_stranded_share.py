@@ -95,9 +95,20 @@ def test_with_the_batch_taken_by_plans_under_way_the_kv_room_bounds_it() -> None
     ranked = _ranked(scheduler)
     assert ranked[:4] == ['late0', 'fresh0', 'late1', 'fresh1']
     assert ranked[4:8] == ['fresh2', 'fresh3', 'fresh4', 'fresh5']
-    # a plan that ended frees its slot: one more stranded goal goes ahead
+    # plans that ended free 3 slots, but 6 stranded goals are more than those: a backlog
+    # (overload), so the KV room still decides
     for i in range(4):
         policy.on_end(scheduler.generations[f'fresh{i}'], 20.0)
+    policy.on_cut(scheduler.generations['fresh5'], 20.0)
+    assert _ranked(scheduler)[:5] == ['late0', 'fresh0', 'late1', 'fresh1', 'fresh2']
+
+
+def test_stranded_goals_that_the_free_slots_hold_all_go_ahead() -> None:
+    """One plan under way leaves 3 of the batch's 4 slots free; 3 stranded goals go ahead
+    all, though the KV room holds two (the slots rescue a few goals that would starve)."""
+    policy = TimelyLlmSharePolicy(stranded_plan_tokens=50)
+    engine = SimulatedEngine(tiny_calibration(max_num_seqs=8), prefix_caching=False)
+    scheduler = _queue_of_stranded_and_fresh(policy, engine, stranded=3)
     policy.on_cut(scheduler.generations['fresh5'], 20.0)
     assert _ranked(scheduler)[:6] == ['late0', 'fresh0', 'late1', 'fresh1', 'late2', 'fresh2']
 
@@ -130,9 +141,10 @@ def test_the_share_policy_is_registered_with_checked_parameters() -> None:
 
 
 def test_engines_tell_their_kv_room_and_a_contexts_tokens() -> None:
-    """The simulator: free GPU plus free host blocks, in tokens; a context is its prompt less
-    a cached prefix. A pool: the least of its replicas' rooms (where a context goes is
-    decided when it runs); a context not yet placed, as a replica would hold it."""
+    """The simulator: free GPU plus free host blocks, in tokens, less the contexts it dropped;
+    a context is its prompt less a cached prefix. A pool: the least of its replicas' rooms
+    (where a context goes is decided when it runs); a context not yet placed, as a replica
+    would hold it."""
     engine = SimulatedEngine(tiny_calibration(), prefix_caching=True)
     request = EngineRequest('a', 'robot prefix + task', prompt_tokens=100, max_tokens=64,
                             prefix_id='tello', prefix_tokens=60)
@@ -146,6 +158,16 @@ def test_engines_tell_their_kv_room_and_a_contexts_tokens() -> None:
     assert pool.context_tokens('a') == 40
     pool.run('a')
     assert pool.kv_room_tokens() == engine.kv_room_tokens()     # one replica holds it
+    # a context the engine dropped keeps its room: it is rebuilt before anything new
+    engine.register(EngineRequest('b', 'robot prefix + other task', prompt_tokens=100,
+                                  max_tokens=64, prefix_id='tello', prefix_tokens=60))
+    engine.run('b')
+    engine.pause('b')
+    engine.evict('b', 'none')
+    assert engine.kv.location('b') == 'none' and engine.kv.dropped_tokens == 40
+    assert engine.kv_room_tokens() == 320 - 16 * 3 - 40
+    engine.run('b')                                             # rebuilt: its blocks again
+    assert engine.kv.dropped_tokens == 0 and engine.kv_room_tokens() == 320 - 16 * 6
     assert SimulatedEngine().kv_room_tokens() == 2 * 32768      # the default calibration
 
 

@@ -422,7 +422,9 @@ class Engine(ABC):
 
     def kv_room_tokens(self) -> int | None:
         """KV tokens new contexts can fill before the engine must drop a kept one (free
-        device blocks plus free host swap blocks; None: the engine does not tell)."""
+        device blocks plus free host swap blocks) and leave room for the contexts it already
+        dropped to be rebuilt (their generations resume first); None: the engine does not
+        tell."""
         return None
 
     def context_tokens(self, request_id: str) -> int | None:

@@ -19,6 +19,7 @@ Location = Literal['none', 'gpu', 'host']
 class _Context:
     tokens: int
     location: Location = 'none'
+    dropped: bool = False       # its KV was built, then freed: it must be prefilled again
 
 
 class KvCacheManager:
@@ -37,6 +38,7 @@ class KvCacheManager:
         self._host_used = 0
         self.swaps_out = 0
         self.drops = 0
+        self._dropped_tokens = 0    # tokens of the dropped contexts (asked at every decision)
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -57,6 +59,11 @@ class KvCacheManager:
     @property
     def host_free(self) -> int:
         return self.host_blocks - self._host_used
+
+    @property
+    def dropped_tokens(self) -> int:
+        """Tokens of the contexts whose KV was dropped and must be rebuilt to run again."""
+        return self._dropped_tokens
 
     def _evictable(self) -> int:
         return self._paused_blocks
@@ -80,6 +87,7 @@ class KvCacheManager:
         """Bring a context onto the GPU for running; return where it was before."""
         context = self._contexts[request_id]
         before = context.location
+        self._undrop(context)
         self._unpause(request_id, context)
         needed = self.blocks(context.tokens + lookahead_tokens)
         if before == 'gpu':
@@ -137,18 +145,23 @@ class KvCacheManager:
             self._host_used -= freed
         if request_id in self._paused_on_gpu:
             self._paused_blocks -= freed
+        if context.dropped:
+            self._dropped_tokens -= tokens
         context.tokens -= tokens
 
     def drop(self, request_id: str) -> None:
         """Free a context's memory but remember its length (it will be re-prefilled)."""
         context = self._contexts[request_id]
         self._free(request_id, context)
+        if context.location != 'none':
+            self._mark_dropped(context)
         context.location = 'none'
 
     def remove(self, request_id: str) -> None:
         context = self._contexts.pop(request_id, None)
         if context is not None:
             self._free(request_id, context)
+            self._undrop(context)
 
     def _free(self, request_id: str, context: _Context) -> None:
         self._unpause(request_id, context)
@@ -156,6 +169,15 @@ class KvCacheManager:
             self._gpu_used -= self.blocks(context.tokens)
         elif context.location == 'host':
             self._host_used -= self.blocks(context.tokens)
+
+    def _mark_dropped(self, context: _Context) -> None:
+        context.dropped = True
+        self._dropped_tokens += context.tokens
+
+    def _undrop(self, context: _Context) -> None:
+        if context.dropped:
+            context.dropped = False
+            self._dropped_tokens -= context.tokens
 
     def _make_room(self, needed: int) -> None:
         while needed > self.gpu_free and self._paused_on_gpu:
@@ -170,5 +192,6 @@ class KvCacheManager:
                 self.swaps_out += 1
             else:
                 context.location = 'none'
+                self._mark_dropped(context)
                 self.drops += 1
         assert 0 <= self._gpu_used <= self.gpu_blocks + needed

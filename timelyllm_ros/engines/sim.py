@@ -188,7 +188,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return self.kv
 
     def kv_room_tokens(self) -> int:
-        return (self.kv.gpu_free + self.kv.host_free) * self.kv.block_size
+        free = (self.kv.gpu_free + self.kv.host_free) * self.kv.block_size
+        return max(free - self.kv.dropped_tokens, 0)
 
     def context_tokens(self, request_id: str) -> int:
         return self.kv.tokens(request_id)

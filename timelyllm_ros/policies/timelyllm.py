@@ -92,15 +92,19 @@ class TimelyLlmPolicy(Policy):
         return interleave(priority, queue.seq, promoted, self.stranded_share)
 
     def _within_room(self, queue: QueueView, rows: NDArray[np.intp]) -> NDArray[np.intp]:
-        """The leading ``rows`` that starting harms no plan under way: as many as the batch
-        has slots beyond one for every plan under way (each still gets a slot when its next
-        segment is due), or, if more, as many as fit in the engine's KV room, each context
-        with ``stranded_plan_tokens`` more (no plan under way has its KV dropped and
-        prefilled again). None where the engine does not tell its room."""
+        """The leading ``rows`` that starting harms no plan under way: all of them if the
+        batch has a slot for each beyond one for every plan under way (each plan still gets a
+        slot when its next segment is due); else as many as fit in the engine's KV room, each
+        context with ``stranded_plan_tokens`` more (no plan under way has its KV dropped and
+        prefilled again). A backlog larger than the free slots is overload: starting it by
+        slots would keep more plans in flight than the KV holds, each resumed late. None
+        where the engine does not tell its room."""
         engine = self._engine
         room = engine.kv_room_tokens() if engine is not None else None
         if engine is None or room is None:
             return rows[:0]
+        if len(rows) <= self._batch_cap - len(self._under_way):
+            return rows
         fit = 0
         for row in rows[:self._batch_cap]:      # no decision admits more
             context = engine.context_tokens(queue.task_ids[row])
@@ -110,7 +114,7 @@ class TimelyLlmPolicy(Policy):
             if room < 0:
                 break
             fit += 1
-        return rows[:max(fit, self._batch_cap - len(self._under_way))]
+        return rows[:fit]
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
