@@ -152,6 +152,67 @@ def test_the_latency_test_weighs_the_candidates_replica_only() -> None:
     assert EngineView(SimulatedEngine()).cohort('anything') is None    # one engine: no cohort
 
 
+def test_a_rounds_replica_split_is_the_fresh_split_at_every_test() -> None:
+    """Within an admission round each replica's share is found once and then follows the
+    round's admissions: at every step it is what :func:`_on_replica` finds anew (the same
+    generations in batch order), and views of one replica are one key."""
+    from dataclasses import replace as with_
+
+    from timelyllm_ros.core.admission import ReplicaBatches, _on_replica
+    from timelyllm_ros.core.clock import SimClock
+    from timelyllm_ros.core.request import TaskStatus
+    from timelyllm_ros.core.scheduler import Scheduler
+    from timelyllm_ros.engines.base import EngineView
+    from timelyllm_ros.policies import create_policy
+
+    pool = SimulatedReplicas([SimulatedEngine(), SimulatedEngine()])
+    scheduler = Scheduler(create_policy('timelyllm'), pool, SimClock())
+    for spec in _tasks('wid2', 12):
+        scheduler.submit(with_(spec, arrival_time=0.0))
+    scheduler.tick()
+    view = EngineView(pool)
+    first = pool.running[0]
+    assert view.cohort(first) == view.cohort(first) and len(
+        {view.cohort(t) for t in pool.running}) == 2
+    ctx = scheduler._context(0.0)
+    split = ReplicaBatches()
+    queued = list(scheduler.queue.generations)
+    assert len(queued) >= 4
+    for generation in queued:                              # admit the queue one by one
+        replica = view.cohort(generation.task_id)
+        assert replica is not None
+        kept, fresh = split.on_replica(ctx, replica), _on_replica(ctx, replica)
+        assert list(kept.running) == list(fresh.running)
+        pool.run(generation.task_id)
+        scheduler.queue.remove(generation.task_id)
+        generation.status = TaskStatus.RUNNING
+        scheduler._running[generation.task_id] = generation
+    for task_id in pool.running:
+        replica = view.cohort(task_id)
+        assert replica is not None
+        assert list(split.on_replica(ctx, replica).running) == list(
+            _on_replica(ctx, replica).running)
+
+
+def test_pool_decisions_are_those_of_a_fresh_replica_split() -> None:
+    """A whole overloaded fleet over three replicas decides as when every test splits the
+    batch anew (the split kept through a round changes the cost, not a decision)."""
+    from timelyllm_ros.core import admission
+    from timelyllm_ros.evaluation.workloads import overload_tasks
+
+    def outcome() -> list[tuple[str, str, int, float]]:
+        result = simulate(overload_tasks(240, 0), 'timelyllm', seed=0,
+                          engine=EngineOptions(replicas=3).build())
+        return sorted((g.task_id, g.status.name, len(g.segments), g.done_time)
+                      for g in result.generations)
+
+    kept = outcome()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(admission.ReplicaBatches, 'on_replica',
+                      lambda self, ctx, replica: admission._on_replica(ctx, replica))
+        assert outcome() == kept
+
+
 def test_a_goal_whose_utility_ends_soon_goes_where_its_segment_is_done_first() -> None:
     """A normal goal goes where there is most room; an urgent one (zero utility within
     ``soon_s``) where it would join an iteration soonest and finish its segment first."""

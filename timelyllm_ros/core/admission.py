@@ -80,6 +80,8 @@ class AdmissionContext:
                                                 # date within an admission round
     decode_steps: DecodeSteps | None = None     # the engine's decode-step model for an
                                                 # admission round (round_decode_steps)
+    replica_batches: ReplicaBatches | None = None   # a pool's batch split by replica, kept
+                                                # up to date within an admission round
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -498,21 +500,65 @@ class BatchColumns:
 
     def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
         """The generations appended to ``running`` since these columns were built, or None
-        if it changed otherwise. Read from the end (``running`` is reversible, a dict view):
-        with ``m`` more than we hold, the one before the last ``m`` must be our last (a
-        removal would put an appended one there)."""
-        if not self.generations:
-            return list(running)
-        grown = len(running) - len(self.generations)
-        if grown < 0:
-            return None
-        try:
-            tail = list(itertools.islice(reversed(running), grown + 1))  # type: ignore[call-overload]
-        except TypeError:                           # not reversible: rebuild
-            return None
-        if tail[-1] is not self.generations[-1]:
-            return None
-        return tail[-2::-1]
+        if it changed otherwise (:func:`_appended_since`)."""
+        return _appended_since(running, self.generations)
+
+
+def _appended_since(running: Collection[Generation], held: list[Generation]
+                    ) -> list[Generation] | None:
+    """The generations appended to ``running`` since ``held`` was read from it, or None if it
+    changed otherwise. Read from the end (``running`` is reversible, a dict view or a list):
+    with ``m`` more than we hold, the one before the last ``m`` must be our last (a removal
+    would put an appended one there)."""
+    if not held:
+        return list(running)
+    grown = len(running) - len(held)
+    if grown < 0:
+        return None
+    try:
+        tail = list(itertools.islice(reversed(running), grown + 1))  # type: ignore[call-overload]
+    except TypeError:                           # not reversible: read again
+        return None
+    if tail[-1] is not held[-1]:
+        return None
+    return tail[-2::-1]
+
+
+class ReplicaBatches:
+    """A pool's running batch split by replica for one admission round: a pool's latency
+    test weighs the candidate's replica only (:func:`latency_guided`), and finding that
+    replica's generations in the whole fleet's batch at every test was the decision's cost.
+    Each replica's share (in batch order) is found once per round, at its first test, with
+    its :class:`BatchColumns` and context; an admission joins its own replica's share only."""
+
+    def __init__(self) -> None:
+        self._read: list[Generation] = []      # ctx.running as read so far, in order
+        self._place: dict[str, int] = {}       # task id -> its index in _read
+        self._shares: dict[EngineView, tuple[list[Generation], AdmissionContext]] = {}
+        self._of: AdmissionContext | None = None   # the context the shares were split from
+
+    def on_replica(self, ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
+        """The context as ``replica`` sees it, as :func:`_on_replica` builds it, with the
+        replica's share and columns kept through the round."""
+        added = _appended_since(ctx.running, self._read) if ctx is self._of else None
+        if added is None:                          # a new round, or not only appended to
+            self._of, self._read, self._place, self._shares = ctx, [], {}, {}
+            added = list(ctx.running)
+        for generation in added:
+            self._place[generation.task_id] = len(self._read)
+            self._read.append(generation)
+            home = ctx.engine.cohort(generation.task_id) if self._shares else None
+            if home is not None and home in self._shares:   # a share found later reads it
+                self._shares[home][0].append(generation)
+        shared = self._shares.get(replica)
+        if shared is None:
+            place = self._place
+            running = [self._read[r] for r in sorted(place[t] for t in replica.running
+                                                      if t in place)]
+            shared = self._shares[replica] = running, replace(
+                ctx, engine=replica, running=running, max_batch=replica.max_num_seqs,
+                batch_columns=BatchColumns(), decode_steps=None)
+        return shared[1]
 
 
 def _batch(ctx: AdmissionContext) -> BatchColumns:
@@ -597,7 +643,8 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     """
     cohort = ctx.engine.cohort(candidate.task_id)
     if cohort is not None:
-        ctx = _on_replica(ctx, cohort)
+        ctx = (ctx.replica_batches.on_replica(ctx, cohort) if ctx.replica_batches is not None
+               else _on_replica(ctx, cohort))
     if not ctx.running:
         return True
     batch = _batch(ctx)

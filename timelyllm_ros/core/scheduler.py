@@ -37,6 +37,7 @@ from timelyllm_ros.core.admission import (
     BatchColumns,
     BatchMode,
     LostTally,
+    ReplicaBatches,
     round_decode_steps,
 )
 from timelyllm_ros.core.clock import Clock
@@ -65,6 +66,10 @@ MISSED_REPORT = 'robot did not report segment'
 robot, or its controller, may be gone)."""
 
 NO_SKILL_ERROR = 'no executable skill in the LLM output'
+
+
+_FIRST_CANDIDATES = 16
+"""Candidates a decision reads from the queue first (:meth:`Scheduler.decide`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,15 +447,20 @@ class Scheduler:
         priorities = np.array(self.policy.priorities(view, now), dtype=float)
         tally = LostTally(view, now, lambda: len(self.queue))
         ctx = replace(ctx, ranked=view, lost_tally=tally, batch_columns=BatchColumns(),
-                      decode_steps=round_decode_steps(ctx.engine))
+                      decode_steps=round_decode_steps(ctx.engine),
+                      replica_batches=ReplicaBatches())
         seq = view.seq
         candidates: list[Generation] = []
+        chunk = _FIRST_CANDIDATES
         while n > 0 and len(self._running) < cap:
             if not candidates:
                 # The best rows for the free slots, best last (popped): a partial sort, not
-                # a scan of the whole queue per admission.
-                candidates = [self.queue.at(int(r)) for r in
-                              best_rows(priorities[:n], seq[:n], cap - len(self._running))[::-1]]
+                # a scan of the whole queue per admission. Most rounds end after a few
+                # admissions, so the first read is short and each next one twice as long.
+                take = min(cap - len(self._running), chunk)
+                chunk *= 2
+                candidates = [self.queue.at(int(r))
+                              for r in best_rows(priorities[:n], seq[:n], take)[::-1]]
             candidate = candidates.pop()
             row = self.queue.row_of(candidate.task_id)
             try:

@@ -315,6 +315,12 @@ class Engine(ABC):
         """Ids of the generations in the running batch."""
 
     @property
+    def num_running(self) -> int:
+        """How many generations are in the running batch (asked per replica at every
+        placement: engines that keep a batch answer without copying it)."""
+        return len(self.running)
+
+    @property
     @abstractmethod
     def max_num_seqs(self) -> int:
         """Largest batch the engine accepts."""
@@ -478,6 +484,10 @@ class BatchingEngine(Engine, Generic[G]):
         return tuple(self._running)
 
     @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
     def max_num_seqs(self) -> int:
         """Largest batch the engine accepts."""
         return self._max_num_seqs
@@ -503,6 +513,13 @@ class EngineView:
         self.kv: KvAccounting | None = engine.kv_accounting()
         self.costs: CostModel | None = engine.cost_model()
         self.lookahead_tokens: int = engine.lookahead_tokens
+
+    def __eq__(self, other: object) -> bool:
+        """Views of one engine are equal (a pool's replica is asked for anew each time)."""
+        return isinstance(other, EngineView) and other._engine is self._engine
+
+    def __hash__(self) -> int:
+        return id(self._engine)
 
     def can_run(self, request_id: str) -> bool:
         """Whether KV memory allows adding this generation to the running batch now."""

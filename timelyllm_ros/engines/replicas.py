@@ -114,16 +114,15 @@ class SimulatedReplicas(Engine):
 
         def rank(index: int) -> tuple[bool, float, int, bool, int, int]:
             replica = self.replicas[index]
-            free = replica.max_num_seqs - len(replica.running)
+            running = replica.num_running
             cached = prefix is not None and prefix in self._prefixes[index]
             done = 0.0
             if soon:          # when its segment could be done there: joined at the next
                 under_way = self._ends.get(index)       # iteration, then decoded in that batch
                 start = sum(under_way) if under_way is not None else self._clock
-                done = start + self.segment_tokens * replica.decode_step_s(
-                    len(replica.running) + 1)
-            return replica_rank(index, free=free, cached=cached, running=len(replica.running),
-                                done_s=done)
+                done = start + self.segment_tokens * replica.decode_step_s(running + 1)
+            return replica_rank(index, free=replica.max_num_seqs - running, cached=cached,
+                                running=running, done_s=done)
 
         return min((i for i in range(len(self.replicas)) if i not in avoid), key=rank)
 

@@ -212,7 +212,6 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return self._scripts.plan_for(robot_kind, task, task_class)
 
     def register(self, request: EngineRequest) -> None:
-        self._attended_total = None
         if request.request_id in self._generations:
             raise EngineError(f'request {request.request_id!r} is already registered')
         if not 0 <= request.prefix_tokens <= request.prompt_tokens:
@@ -325,7 +324,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         self.kv.pause(request_id)
 
     def release(self, request_id: str) -> None:
-        self._attended_total = None
+        if request_id in self._running:       # a new request's release changes no context
+            self._attended_total = None
         self._take_back(request_id)
         self._running.pop(request_id, None)
         self._generations.pop(request_id, None)
