@@ -548,6 +548,9 @@ def test_admission_weighs_the_replica_a_generation_joins(
     home_a = engine.cohort('a')
     assert home_a is not None and home_a.running == ('a',) and home_a.max_num_seqs == 3
     assert engine.cohort('b').running == ('b',)                 # type: ignore[union-attr]
+    # asked anew, the same replica is one key (an admission round keeps its share by it)
+    assert engine.cohort('a') == home_a and hash(engine.cohort('a')) == hash(home_a)
+    assert engine.cohort('b') != home_a
     assert home_a.decode_step_s(1) > 0 and home_a.can_run('c') == engine.can_run('c')
     with pytest.raises(EngineError, match='never driven'):
         home_a.run('c')

@@ -516,10 +516,10 @@ class EngineView:
 
     def __eq__(self, other: object) -> bool:
         """Views of one engine are equal (a pool's replica is asked for anew each time)."""
-        return isinstance(other, EngineView) and other._engine is self._engine
+        return isinstance(other, EngineView) and other._engine == self._engine
 
     def __hash__(self) -> int:
-        return id(self._engine)
+        return hash(self._engine)
 
     def can_run(self, request_id: str) -> bool:
         """Whether KV memory allows adding this generation to the running batch now."""

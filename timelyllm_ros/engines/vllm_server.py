@@ -813,6 +813,14 @@ class _ReplicaCohort(Engine):
         self._index = index
         self.lookahead_tokens = pool.lookahead_tokens
 
+    def __eq__(self, other: object) -> bool:
+        """The same replica of the same pool (asked for anew at every question)."""
+        return (isinstance(other, _ReplicaCohort) and other._pool is self._pool
+                and other._index == self._index)
+
+    def __hash__(self) -> int:
+        return hash((id(self._pool), self._index))
+
     def _refuse(self) -> EngineError:
         return EngineError('a replica of the pool is asked, never driven: use the pool')
 
