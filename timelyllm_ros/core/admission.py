@@ -656,12 +656,12 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
     decode_s = _decode_steps(ctx)
-    remaining = batch.most_urgent_remaining     # the most urgent one's WCET, as wcet_s
+    remaining = batch.most_urgent_remaining     # the most urgent one's WCET: as wcet_s
     recent, scale_next = _step_scale(size + 1, ctx, decode_s)
     if budget > 0:
         return extra + remaining * recent * scale_next <= budget
     scale_now = _step_scale(size, ctx, decode_s)[1]
-    wait = 0.0 + remaining * recent * scale_now
+    wait = remaining * recent * scale_now
     gain = wait * queue_loss_rate(ctx)
     if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
