@@ -50,6 +50,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     from timelyllm_ros.errors import TraceFormatError
     from timelyllm_ros.evaluation.simulation import simulate
     from timelyllm_ros.evaluation.workloads import resolve_workload
+    from timelyllm_ros.policies import FLEET_POLICY
 
     if Path(args.out).exists():
         raise TraceFormatError(f'{args.out} exists already, not overwriting')
@@ -58,10 +59,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.limit is not None:
         tasks = sorted(tasks, key=lambda t: t.arrival_time)[:args.limit]
     tasks = with_drawn_skill_times(tasks, seed=args.seed)
-    result = simulate(tasks, args.policy, seed=args.seed,
+    policy = args.policy if args.policy is not None else FLEET_POLICY
+    result = simulate(tasks, policy, seed=args.seed,
                       config=SchedulerConfig(comm_s=args.comm_ms / 1000.0),
                       robot_jitter=args.jitter)
-    source = (f'simulation: workload {name}, policy {args.policy}, seed {args.seed}; '
+    source = (f'simulation: workload {name}, policy {policy}, seed {args.seed}; '
               f'simulated engine and robots, not hardware')
     counts = record_simulation(result, args.out, chunk_size=args.chunk_size, source=source,
                                info={'workload': name, 'seed': str(args.seed)})
@@ -170,8 +172,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from lrtrace.replay import replay
     from timelyllm_ros.core.scheduler import SchedulerConfig
     from timelyllm_ros.evaluation.tables import summary_tables
+    from timelyllm_ros.policies import FLEET_POLICY
 
-    summary = replay(args.bags, args.workload_spec, seed=args.seed, policy=args.policy,
+    summary = replay(args.bags, args.workload_spec, seed=args.seed,
+                     policy=args.policy if args.policy is not None else FLEET_POLICY,
                      config=SchedulerConfig(comm_s=args.comm_ms / 1000.0))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str) + '\n')
@@ -210,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     record = sub.add_parser('record', help='simulate a workload and record every task')
     record.add_argument('--workload', default='wid1', help='built-in or authors workload')
     record.add_argument('--workload-file', help='authors-format JSON or workload spec YAML')
-    record.add_argument('--policy', default='timelyllm-share')
+    record.add_argument('--policy', help="scheduling policy (default: the fleet's, as the "
+                        'planner node runs it)')
     record.add_argument('--seed', type=SEED, default=0)
     record.add_argument('--limit', type=int_arg(1), help='record only the first N tasks')
     record.add_argument('--jitter', type=JITTER, default=0.0,
@@ -257,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument('bags', nargs='+', metavar='BAG')
     replay.add_argument('--workload-spec', help='built-in workload name or spec YAML drawn '
                         'over the recorded traces (default: the recorded arrivals)')
-    replay.add_argument('--policy', default='timelyllm-share')
+    replay.add_argument('--policy', help="scheduling policy (default: the fleet's, as the "
+                        'planner node runs it)')
     replay.add_argument('--seed', type=SEED, default=0)
     replay.add_argument('--comm-ms', type=COMM_MS, default=8.0, help='network latency (ms)')
     replay.add_argument('--json', type=output_file, help='also write the summary to this file')

@@ -96,12 +96,14 @@ def _config(args: argparse.Namespace) -> SchedulerConfig:
 def cmd_run(args: argparse.Namespace) -> int:
     from timelyllm_ros.evaluation.bench import run_summary
     from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.policies import FLEET_POLICY
 
     name, tasks = _load_tasks(args)
     engine = _engine_options(args)
-    print(f'workload {name}: {len(tasks)} tasks, policy {args.policy}, seed {args.seed}, '
+    policy = args.policy if args.policy is not None else FLEET_POLICY
+    print(f'workload {name}: {len(tasks)} tasks, policy {policy}, seed {args.seed}, '
           f'engine {args.engine}')
-    result = simulate(tasks, args.policy, seed=args.seed, config=_config(args),
+    result = simulate(tasks, policy, seed=args.seed, config=_config(args),
                       engine=engine.build(), robot_jitter=args.robot_jitter or 0.0)
     summary = run_summary(result)
     print(summary_tables(summary))
@@ -629,7 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser('run', help='simulate a fleet on a workload under one policy')
     _add_workload_args(run)
-    run.add_argument('--policy', default='timelyllm-share')
+    run.add_argument('--policy', help="scheduling policy (default: the fleet's, as the "
+                     'planner node runs it)')
     run.add_argument('--json', type=output_file, help='also write the summary to this file')
     run.set_defaults(func=cmd_run)
 

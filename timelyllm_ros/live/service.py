@@ -40,7 +40,7 @@ from timelyllm_ros.errors import (
 )
 from timelyllm_ros.language.profiles import RobotProfile, load_profile
 from timelyllm_ros.live.goals import PlanGoal, validate_goal
-from timelyllm_ros.policies import create_policy
+from timelyllm_ros.policies import FLEET_POLICY, create_policy
 from timelyllm_ros.robots.kind import kind_of
 
 logger = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class PlannerService:
         self.loop_load = LoopLoad()
 
     @classmethod
-    def create(cls, policy: str = 'timelyllm-share', engine: str = 'sim', model: str | None = None,
+    def create(cls, policy: str = FLEET_POLICY, engine: str = 'sim', model: str | None = None,
                engine_options: Mapping[str, object] | None = None,
                calibration: str | None = None, max_batch: int | None = None,
                comm_s: float = 0.008, profiles_dir: str | None = None,

@@ -57,6 +57,7 @@ from timelyllm_ros.nodes.parameters import (
 )
 from timelyllm_ros.nodes.spin import spin_until_shutdown
 from timelyllm_ros.nodes.task_journal import LOST_GOAL_PREFIX
+from timelyllm_ros.policies import FLEET_POLICY
 
 
 class PlannerNode(LifecycleNode):
@@ -601,7 +602,7 @@ PARAMETERS: tuple[tuple[str, object, ParameterDescriptor], ...] = (
         'comparison)', BOOL)),
     ('calibration', '', describe('latency calibration of the simulator (name or YAML '
                                     'path; empty: the bundled default)', STR)),
-    ('policy', 'timelyllm-share', describe('scheduling policy (timelyllm-share, timelyllm, '
+    ('policy', FLEET_POLICY, describe('scheduling policy (timelyllm-share, timelyllm, '
                                               'vllm, seg-edf, semantic, autellix-plas, '
                                               'timebill, slice, ...)', STR)),
     ('max_batch', 0, describe('fixed batch cap (0: the engine limit)', INT,

@@ -30,6 +30,10 @@ POLICIES: dict[str, type[Policy]] = {
                 TimeBillPolicy, TimeBillSkipNextPolicy, SlicePolicy, ContinuumPolicy)
 }
 PAPER_POLICIES = ('vllm', 'vllm-stream', 'seg-fcfs', 'seg-edf', 'timelyllm')
+FLEET_POLICY = TimelyLlmSharePolicy.name
+"""The policy a fleet runs unless one is named: ``timelyllm run``, ``lrtrace record`` and
+``replay``, the planner node and the live service (``timelyllm``, Eq. 4, stays the paper's:
+``bench``, ``reproduce`` and ``simulate()`` run it for reproduction)."""
 
 
 def create_policy(name: str) -> Policy:
