@@ -334,7 +334,7 @@ class SimulatedReplicas(Engine):
         return self.replicas[0].new_context_tokens(self._known(request_id))
 
     def replica_states(self) -> tuple[ReplicaState, ...]:
-        return tuple(ReplicaState(str(index), running=len(replica.running))
+        return tuple(ReplicaState(str(index), running=replica.num_running)
                      for index, replica in enumerate(self.replicas))
 
     def cohort(self, request_id: str) -> Engine | None:

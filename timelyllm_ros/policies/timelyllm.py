@@ -35,9 +35,9 @@ class TimelyLlmPolicy(Policy):
             longer earn utility: ``'eq4'`` (default, with the other lost ones, below every
             earning segment, as Eq. 4 ranks it), ``'first'`` (before every other
             generation, the one that has lost most first) or ``'share'`` (the ones that
-            have lost most take ``stranded_share`` of the places of Eq. 4's order, as many
-            as free batch slots or the engine's KV room allow without harming a plan under
-            way; measured in the README).
+            have lost most take ``stranded_share`` of the places of Eq. 4's order: all of
+            them if the free batch slots hold them, else as many as the engine's KV room
+            allows without harming a plan under way; measured in the README).
         stranded_share: the share of the admission order stranded goals take (``'share'``).
         stranded_plan_tokens: the KV tokens a promoted stranded goal reserves beyond its
             prompt for the plan it will generate (``'share'``).
