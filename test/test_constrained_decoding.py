@@ -12,13 +12,15 @@ reason, when an engine's package or llguidance is missing.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from timelyllm_ros.core.plan_requests import plan_request
 from timelyllm_ros.engines.base import Engine, EngineRequest
+from timelyllm_ros.engines.kept import KeptTokens
 from timelyllm_ros.errors import EngineError
 from timelyllm_ros.language.grammar import plan_grammar
 from timelyllm_ros.language.profiles import load_profile
@@ -223,3 +225,120 @@ def test_the_device_mask_picks_what_the_host_mask_picks() -> None:
         checked += 1
         grammar.accept(byte)
     assert checked == len(plan)
+
+
+def _byte_grammars() -> tuple[Any, int]:
+    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+    from timelyllm_ros.engines.transformers_engine import ByteTokenizer
+
+    pieces = [bytes([i]) for i in range(256)] + [b'<|eos|>', b'<|bos|>']
+    return (LlguidanceTokenizer.from_pieces(pieces, ByteTokenizer.eos_token_id,
+                                            ByteTokenizer.bos_token_id, list),
+            ByteTokenizer.eos_token_id)
+
+
+def _plan_rows(device: str, seed: int) -> Iterator[tuple[Any, list[Any]]]:
+    """A batch of plan rows of vLLM's processor along two plans, step by step: (logits, the
+    rows as ``_choices`` takes them). Row 0 gets noise (its argmax is mostly refused: the mask
+    decides), row 1 logits that favour its plan's next byte (the argmax is allowed), row 2 has
+    no grammar (a penalty-only row), row 3 must end as soon as its plan may (``end_within``
+    covers it all); the logits are wider than the vocabulary (a padded output layer)."""
+    import torch
+
+    tokenizer, eos = _byte_grammars()
+    plans = [b"to();mf(100);?iv('cat')==True{g('cat')};ld()", b'mf(20);mf(35);ld()',
+             b'mf(20);ld()', b'to();mf(40);ld()']
+    walks = []
+    for row, plan in enumerate(plans):
+        request = EngineRequest(f'r{row}', '', 1, 64, end_within=64 if row == 3 else 0)
+        grammar = tokenizer.grammar(GRAMMAR.gbnf) if row != 2 else None
+        walks.append((plan, KeptTokens(request, prompt_ids=[], grammar=grammar)))
+    generator = torch.Generator().manual_seed(seed)
+    for step in range(min(len(plan) for plan, _ in walks)):
+        logits = torch.randn(len(walks) + 2, 300, generator=generator)
+        logits[2, walks[1][0][step]] += 8.0      # row 1 of the batch is the batch's row 2
+        logits = logits.to(device)
+        yield logits, [(index + 1, eos, kept) for index, (_, kept) in enumerate(walks)]
+        for plan, kept in walks:
+            if kept.grammar is not None:
+                kept.grammar.accept(plan[step])
+            kept.output_ids.append(plan[step])
+
+
+def test_the_processor_chooses_the_same_tokens_masking_first_or_checking_first() -> None:
+    """vLLM's processor reads the argmax and masks only refused rows on a CPU, and masks every
+    plan row without reading anything back on a GPU: both pick the same token for every row
+    in every grammar state along a plan (a noisy row, a row whose argmax is allowed, a row
+    without grammar, a row that must end), and forced scripts keep their ids."""
+    pytest.importorskip('torch', reason='torch is not installed')
+    from timelyllm_ros.engines.vllm_engine import (
+        _checked_choices,
+        _choices,
+        _masked_choices,
+        _one_hot,
+    )
+
+    steps = ends = masked = 0
+    for logits, planned in _plan_rows('cpu', seed=1):
+        checked = _checked_choices(logits.clone(), planned)
+        at, chosen = _masked_choices(logits.clone(), planned)
+        assert dict(zip(at.tolist(), chosen.tolist(), strict=True)) == checked
+        rows, tokens = _choices(logits.clone(), planned, [(0, 7), (5, 9)])
+        assert dict(zip(rows.tolist(), tokens.tolist(), strict=True)) == {
+            **checked, 0: 7, 5: 9}
+        written = _one_hot(logits.clone(), rows, tokens)
+        assert written[rows].argmax(dim=-1).tolist() == tokens.tolist()
+        assert bool((written[rows].isinf().sum(dim=-1) == logits.shape[1] - 1).all())
+        steps += 1
+        ends += checked[4] == planned[3][1]
+        masked += checked[1] != int(logits[1].argmax())
+    assert steps == 11 and ends > 0 and masked > 0     # both rules were exercised
+
+
+def test_a_grammar_with_no_token_left_is_an_engine_error_on_either_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """llguidance always leaves end of text to a grammar that is done or broken, so a state
+    that allows nothing is simulated: its masks come back empty."""
+    torch = pytest.importorskip('torch', reason='torch is not installed')
+    import numpy as np
+
+    from timelyllm_ros.engines.constraint import LlguidanceGrammar
+    from timelyllm_ros.engines.vllm_engine import _checked_choices, _masked_choices
+
+    tokenizer, eos = _byte_grammars()
+    kept = KeptTokens(EngineRequest('r', '', 1, 64), prompt_ids=[],
+                      grammar=tokenizer.grammar(GRAMMAR.gbnf))
+    monkeypatch.setattr(LlguidanceGrammar, 'allows', lambda self, token: False)
+    monkeypatch.setattr(LlguidanceGrammar, 'packed_mask',
+                        lambda self: np.zeros(9, dtype=np.int32))
+    for choose in (_checked_choices, _masked_choices):
+        with pytest.raises(EngineError, match='allows no token'):
+            choose(torch.randn(1, 300), [(0, eos, kept)])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_processor_chooses_without_waiting_for_the_device() -> None:
+    """On CUDA the penalty and the masked choice never synchronise with the device (torch
+    raises on any synchronising call in 'error' mode), and pick the CPU path's tokens."""
+    torch = pytest.importorskip('torch', reason='torch is not installed')
+    if not torch.cuda.is_available():
+        pytest.skip('no CUDA device')
+    from timelyllm_ros.engines.kept import penalize_rows
+    from timelyllm_ros.engines.vllm_engine import _checked_choices, _masked_choices, _one_hot
+
+    penalties = ([1, 2], [[40, 41, 40], [7]], [1.3, 1.1])
+    for logits, planned in _plan_rows('cuda', seed=2):
+        host = logits.cpu()
+        penalize_rows(host, *penalties)
+        expected = _checked_choices(host, planned)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode('error')
+        try:
+            penalize_rows(logits, *penalties)
+            at, chosen = _masked_choices(logits, planned)
+            _one_hot(logits, at, chosen)
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+        assert dict(zip(at.tolist(), chosen.tolist(), strict=True)) == expected
+        assert bool((logits[at, chosen] == 0.0).all())
+        assert bool((torch.isinf(logits[at]).sum(dim=-1) == logits.shape[1] - 1).all())

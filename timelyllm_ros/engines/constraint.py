@@ -9,7 +9,9 @@ segment) replays the kept ids into a fresh one with :meth:`TokenGrammar.replay`.
 Greedy decoding needs the full mask only when the model's own choice breaks the grammar: the
 engines check the argmax first (one token, :func:`~timelyllm_ros.engines.kept.unmasked_choice`)
 and mask the whole vocabulary only when that token is refused, which picks the same token as
-masking first (the argmax of the allowed tokens), at a fraction of the cost.
+masking first (the argmax of the allowed tokens), at a fraction of the cost. Where reading the
+argmax would stall an accelerator (vLLM on a GPU), the masks of a whole batch are computed at
+once instead (:func:`packed_masks`) and applied on the device.
 
 Two grammar states: llama.cpp's own grammar sampler (in :mod:`.llamacpp`) and
 :class:`LlguidanceGrammar`, an llguidance matcher over any tokenizer (the transformers engine
@@ -21,7 +23,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -183,7 +185,9 @@ class LlguidanceGrammar(TokenGrammar):
 
     def packed_mask(self) -> np.ndarray[Any, Any]:
         """The tokens that may come next as int32 words, bit ``i`` of word ``j`` for token
-        ``32 j + i`` (llguidance's layout, which ``llguidance.torch`` applies on a device)."""
+        ``32 j + i`` (llguidance's layout, which ``llguidance.torch`` applies on a device).
+        The end-of-text bit is set where :meth:`allows` allows it (the grammar is complete);
+        a matcher that failed allows end of text alone (:meth:`accept` never leaves one so)."""
         return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.int32)
 
     def restrict(self, logits: np.ndarray[Any, Any]) -> None:
@@ -196,3 +200,19 @@ class LlguidanceGrammar(TokenGrammar):
     def accept(self, token: int) -> None:
         if not self.matcher.consume_token(token):
             raise EngineError(f'the grammar refused token {token}: {self.matcher.get_error()}')
+
+
+def packed_masks(grammars: Sequence[TokenGrammar]) -> np.ndarray[Any, Any]:
+    """The packed masks (:meth:`LlguidanceGrammar.packed_mask`) of a batch's grammars over one
+    vocabulary, a row each. One after the other: a plan grammar's mask over a 49k vocabulary
+    takes about 8 µs, and llguidance's thread pool saved 0.06 of 0.2 ms at 32 rows and lost
+    0.04 ms at 8.
+
+    Raises:
+        EngineError: a grammar allows no token.
+    """
+    masks: np.ndarray[Any, Any] = np.stack(
+        [cast(LlguidanceGrammar, grammar).packed_mask() for grammar in grammars])
+    if not masks.any(axis=1).all():
+        raise EngineError('the grammar allows no token here')
+    return masks

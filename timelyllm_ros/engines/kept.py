@@ -143,11 +143,18 @@ def unmasked_choice(generation: KeptTokens, argmax: int, eos: int) -> int | None
     grammar = generation.grammar
     if grammar is None:
         return argmax
-    request = generation.request
-    if request.max_tokens - len(generation.output_ids) <= request.end_within and (
-            grammar.allows(eos)):
+    if ends_here(generation, eos):
         return eos
     return argmax if grammar.allows(argmax) else None
+
+
+def ends_here(generation: KeptTokens, eos: int) -> bool:
+    """Whether a constrained generation ends now whatever its logits say: fewer than
+    ``end_within`` tokens remain and its grammar allows end of text (the plan is complete)."""
+    request = generation.request
+    return generation.grammar is not None and (
+        request.max_tokens - len(generation.output_ids) <= request.end_within
+        and generation.grammar.allows(eos))
 
 
 def penalize(row: Any, output_ids: Sequence[int], penalty: float) -> None:
@@ -169,17 +176,28 @@ def penalize_rows(logits: Any, rows: Sequence[int], output_ids: Sequence[Sequenc
     if isinstance(logits, np.ndarray):
         index: Any = (at_row, at_col)
         factors: Any = factor.astype(logits.dtype)
+        where: Any = np.where
     else:
         import torch
 
-        index = (torch.from_numpy(at_row).to(logits.device),
-                 torch.from_numpy(at_col).to(logits.device))
-        factors = torch.from_numpy(factor).to(device=logits.device, dtype=logits.dtype)
+        index = (to_device(at_row, logits.device), to_device(at_col, logits.device))
+        factors = to_device(factor, logits.device).to(logits.dtype)
+        where = torch.where
     values = logits[index]
-    positive = values > 0
-    values[positive] /= factors[positive]
-    values[~positive] *= factors[~positive]
-    logits[index] = values
+    # no boolean indexing: on a GPU it would wait for the device to count the positives
+    logits[index] = where(values > 0, values / factors, values * factors)
+
+
+def to_device(array: np.ndarray[Any, Any], device: Any) -> Any:
+    """A host array as a torch tensor on ``device``, copied without waiting for the device:
+    from pinned memory, asynchronously (a copy from ordinary memory would wait until the
+    device's queue is done, the forward pass that is still running included)."""
+    import torch
+
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if torch.device(device).type != 'cuda':
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def take_token(generation: KeptTokens, token: int, is_eos: Callable[[int], bool],

@@ -60,12 +60,18 @@ from timelyllm_ros.engines.base import (
     EngineRequest,
     EngineStats,
 )
-from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
+from timelyllm_ros.engines.constraint import (
+    LlguidanceTokenizer,
+    TokenGrammar,
+    packed_masks,
+)
 from timelyllm_ros.engines.kept import (
     KeptTokens,
     WindowDetokenizer,
     chat_prompt_ids,
+    ends_here,
     penalize_rows,
+    to_device,
     unmasked_choice,
 )
 from timelyllm_ros.engines.observed import (
@@ -89,14 +95,13 @@ _FORCED_CLASS: list[type] = []
 def _forced_tokens_processor() -> type:
     """This engine's logits processor class (built on first use: vLLM is imported only when
     this engine is used). It decodes a whole batch at once (:class:`_RowDecoder` per row):
-    the repetition penalties in one gather and scatter on the device, one argmax over the
-    decoded rows (one transfer to the host), then each row's grammar and forced token in
-    Python, and the choices written back as a one-hot row. A request whose ``extra_args``
+    the repetition penalties in one gather and scatter on the device, each row's token
+    (:func:`_choices`: on a GPU chosen there, nothing read back), and the choices written back
+    as one-hot rows. A request whose ``extra_args``
     hold ``timelyllm_forced_ids`` can only produce the next of those ids; one with
     ``timelyllm_decoding`` is a plan segment."""
     if _FORCED_CLASS:
         return _FORCED_CLASS[0]
-    import torch
     from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
     class ForcedTokensLogitsProcessor(AdapterLogitsProcessor):  # type: ignore[misc]  # vLLM: Any
@@ -130,35 +135,18 @@ def _forced_tokens_processor() -> type:
                     for index, state in self.req_info.items()]
             if not rows:
                 return logits
-            choices: dict[int, int] = {}
-            planned = []
-            for index, decoder, output_ids in rows:
-                if decoder.forced is not None:
-                    choices[index] = decoder.forced_token(output_ids)
-                else:
-                    planned.append((index, decoder, decoder.advance(output_ids)))
+            forced = [(index, decoder.forced_token(output_ids))
+                      for index, decoder, output_ids in rows if decoder.forced is not None]
+            planned = [(index, decoder, decoder.advance(output_ids))
+                       for index, decoder, output_ids in rows if decoder.forced is None]
             penalised = [(index, kept.output_ids, decoder.penalty)
                          for index, decoder, kept in planned
                          if decoder.penalty != 1.0 and kept.output_ids]
             if penalised:
                 penalize_rows(logits, *zip(*penalised, strict=True))
-            if planned:
-                at = torch.tensor([index for index, _, _ in planned], device=logits.device)
-                argmaxes = logits[at].argmax(dim=-1).tolist()
-                refused = []
-                for (index, decoder, kept), argmax in zip(planned, argmaxes, strict=True):
-                    choice = unmasked_choice(kept, int(argmax), decoder.eos)
-                    if choice is None:
-                        refused.append((index, kept.grammar))
-                    else:
-                        choices[index] = choice
-                if refused:
-                    choices.update(_masked_argmaxes(logits, refused))
-            at = torch.tensor(list(choices), device=logits.device)
-            chosen = torch.tensor(list(choices.values()), device=logits.device)
-            logits[at] = float('-inf')
-            logits[at, chosen] = 0.0
-            return logits
+            at, chosen = _choices(logits, [(index, decoder.eos, kept)
+                                           for index, decoder, kept in planned], forced)
+            return _one_hot(logits, at, chosen)
 
     # importable by name (vLLM's engine-core process unpickles it by reference)
     ForcedTokensLogitsProcessor.__module__ = __name__
@@ -182,6 +170,113 @@ def served_decoder(tokenizer_path: str) -> str:
     return key
 
 
+Planned = list[tuple[int, int, KeptTokens]]
+"""A batch's plan rows for the logits processor: (row, end-of-text id, the generation so far)."""
+
+
+def _choices(logits: Any, planned: Planned, forced: list[tuple[int, int]]) -> tuple[Any, Any]:
+    """The token each row must produce, as two tensors on the logits' device (rows, tokens):
+    the forced scripts' next ids, and each plan row's :func:`~timelyllm_ros.engines.kept.
+    choose_token` after the penalty. On a CPU the argmax is read and checked first
+    (:func:`_checked_choices`); on an accelerator reading it would wait for the forward pass
+    and leave the device idle for the rest of the step, so every plan row is masked there
+    instead (:func:`_masked_choices`): the same tokens, nothing read back.
+
+    Raises:
+        EngineError: a grammar allows no token.
+    """
+    import torch
+
+    if logits.device.type == 'cpu':
+        choices = dict(forced)
+        choices.update(_checked_choices(logits, planned))
+        return torch.tensor(list(choices)), torch.tensor(list(choices.values()))
+    at, chosen = _masked_choices(logits, planned)
+    if forced:
+        scripted = np.array(forced, dtype=np.int64).T
+        at = torch.cat([at, to_device(scripted[0], logits.device)])
+        chosen = torch.cat([chosen, to_device(scripted[1], logits.device)])
+    return at, chosen
+
+
+def _one_hot(logits: Any, at: Any, chosen: Any) -> Any:
+    """The logits with each chosen row's token at 0 and every other token at ``-inf`` (any
+    sampler then picks it). Written with fill kernels: ``logits[at] = x`` would first copy
+    the scalar to the device, which waits for the device's queue."""
+    logits.index_fill_(0, at, float('-inf'))
+    logits.index_put_((at, chosen), logits.new_zeros(()))
+    return logits
+
+
+def _checked_choices(logits: Any, planned: Planned) -> dict[int, int]:
+    """Each plan row's token, read on the host: one argmax transfer for the batch, each row's
+    argmax checked against its grammar, and only the refused rows masked
+    (:func:`_masked_argmaxes`)."""
+    import torch
+
+    if not planned:
+        return {}
+    at = torch.tensor([index for index, _, _ in planned], device=logits.device)
+    argmaxes = logits[at].argmax(dim=-1).tolist()
+    choices = {}
+    refused = []
+    for (index, eos, kept), argmax in zip(planned, argmaxes, strict=True):
+        choice = unmasked_choice(kept, int(argmax), eos)
+        if choice is None:
+            refused.append((index, kept.grammar))
+        else:
+            choices[index] = choice
+    if refused:
+        choices.update(_masked_argmaxes(logits, refused))
+    return choices
+
+
+def _masked_choices(logits: Any, planned: Planned) -> tuple[Any, Any]:
+    """Each plan row's token chosen on the device, nothing read back (the host's work runs
+    while the forward pass does): the grammars' masks computed at once on the host
+    (:func:`~timelyllm_ros.engines.constraint.packed_masks`), copied over and applied, one
+    argmax, and end of text where a finished plan must end
+    (:func:`~timelyllm_ros.engines.kept.ends_here`). The tokens are :func:`_checked_choices`'
+    (the best allowed token is the argmax when the grammar allows it).
+
+    Raises:
+        EngineError: a grammar allows no token (found in its mask, on the host).
+    """
+    import torch
+
+    device = logits.device
+    at = to_device(np.array([index for index, _, _ in planned], dtype=np.int64), device)
+    scores = logits[at]
+    constrained = [(row, kept.grammar) for row, (_, _, kept) in enumerate(planned)
+                   if kept.grammar is not None]
+    if constrained:
+        masks = packed_masks([grammar for _, grammar in constrained])
+        where = to_device(np.array([row for row, _ in constrained], dtype=np.int64), device)
+        allowed = _unpacked(to_device(masks, device), scores.shape[1])
+        scores[where] = scores[where].masked_fill(~allowed, float('-inf'))
+    chosen = scores.argmax(dim=-1)
+    ends = np.array([eos if ends_here(kept, eos) else -1 for _, eos, kept in planned],
+                    dtype=np.int64)
+    if (ends >= 0).any():
+        end = to_device(ends, device)
+        chosen = torch.where(end >= 0, end, chosen)
+    return at, chosen
+
+
+def _unpacked(words: Any, vocab: int) -> Any:
+    """llguidance's packed masks (int32 words, a row each, on a device) as boolean rows of
+    ``vocab`` tokens; ids past the grammar's vocabulary (a padded output layer) are never
+    allowed. Unpacked with eager operations: ``llguidance.torch``'s kernel is
+    ``torch.compile``'d, a compilation inside vLLM's step on first use."""
+    import torch
+
+    bits = torch.arange(32, dtype=torch.int32, device=words.device)
+    allowed = ((words[:, :, None] >> bits) & 1).reshape(words.shape[0], -1).bool()
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    return allowed[:, :vocab]
+
+
 def _masked_argmaxes(logits: Any, refused: list[tuple[int, Any]]) -> dict[int, int]:
     """The best token each grammar allows in its row, for the rows whose argmax it refused:
     their packed llguidance bitmasks go to the device in one transfer and are applied there,
@@ -193,16 +288,9 @@ def _masked_argmaxes(logits: Any, refused: list[tuple[int, Any]]) -> dict[int, i
     import torch
 
     rows = torch.tensor([index for index, _ in refused], device=logits.device)
-    words = torch.from_numpy(np.stack([grammar.packed_mask() for _, grammar in refused]))
-    words = words.to(logits.device)
-    # unpacked eagerly here (llguidance.torch's kernel is torch.compile'd: a compilation
-    # inside vLLM's step on first use)
-    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((words[:, :, None] >> bits) & 1).reshape(len(refused), -1).bool()
-    vocab = logits.shape[1]
-    if allowed.shape[1] < vocab:      # ids past the grammar's vocabulary are never allowed
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
-    masked = logits[rows].masked_fill(~allowed[:, :vocab], float('-inf'))
+    words = torch.from_numpy(packed_masks([grammar for _, grammar in refused]))
+    allowed = _unpacked(words.to(logits.device), logits.shape[1])
+    masked = logits[rows].masked_fill(~allowed, float('-inf'))
     best = masked.argmax(dim=-1)
     if not bool(torch.isfinite(masked.gather(1, best[:, None])).all()):
         raise EngineError('the grammar allows no token here')
