@@ -2,7 +2,7 @@
 
     python3 benchmarks/vllm_engine.py --model DIR [--engine-opt KEY=VALUE ...]
         [--batch-sizes 1,8,32] [--prompt-tokens 240] [--decode-steps 48]
-        [--variants raw,engine,processor,grammar] [--json FILE]
+        [--variants raw,engine,processor,grammar,grammar-read] [--json FILE]
 
 One after the other, each started after the previous one is closed:
 
@@ -11,7 +11,10 @@ One after the other, each started after the previous one is closed:
 * ``engine``: the project's engine with ``grammar=False`` (vLLM chooses the tokens);
 * ``processor``: the engine with its logits processor installed (``grammar=True``), requests
   without grammar or penalty: what the processor alone costs (vLLM's V1 model runner);
-* ``grammar``: the planner's path: the tello plan grammar, the repetition penalty, early end.
+* ``grammar``: the planner's path: the tello plan grammar, the repetition penalty, early end;
+* ``grammar-read``: the same, with the processor reading each row's argmax and checking it before
+  masking (what it does on a CPU) instead of masking every row on the device and reading
+  nothing back (what it does on a GPU): the two rules side by side in one run.
 
 For each: decode time per step at each batch size (the median over steps that decoded the
 whole batch: every member had its first token and the step prefilled nothing, so the chunks of
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -38,7 +42,7 @@ from typing import Any
 
 import yaml
 
-VARIANTS = ('raw', 'engine', 'grammar', 'processor')
+VARIANTS = ('raw', 'engine', 'grammar', 'processor', 'grammar-read')
 WORDS = ('the drone flies over the table and looks for a red box near the window while the arm '
          'waits').split()
 RESUME_AFTER = 16
@@ -197,6 +201,19 @@ def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]
     return out
 
 
+def with_argmax_read_first(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A run whose logits processor reads and checks each row's argmax before masking, on any
+    device (vLLM runs in this process, so its processor finds the change)."""
+    from timelyllm_ros.engines import vllm_engine
+
+    choices = vllm_engine._choices
+    vllm_engine._choices = functools.partial(choices, read_first=True)  # type: ignore
+    try:
+        return run()
+    finally:
+        vllm_engine._choices = choices
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--model', required=True, help='a local Hugging Face model folder')
@@ -240,6 +257,7 @@ def main() -> None:
     for variant in VARIANTS[1:]:
         runs[variant] = (lambda v=variant: run_engine(args.model, options, texts,
                                                       args.decode_steps, v))
+    runs['grammar-read'] = lambda: with_argmax_read_first(runs['grammar'])
     done: list[str] = []
     for variant in variants:
         started = time.perf_counter()

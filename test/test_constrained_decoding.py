@@ -283,9 +283,10 @@ def test_the_processor_chooses_the_same_tokens_masking_first_or_checking_first()
         checked = _checked_choices(logits.clone(), planned)
         at, chosen = _masked_choices(logits.clone(), planned)
         assert dict(zip(at.tolist(), chosen.tolist(), strict=True)) == checked
-        rows, tokens = _choices(logits.clone(), planned, [(0, 7), (5, 9)])
-        assert dict(zip(rows.tolist(), tokens.tolist(), strict=True)) == {
-            **checked, 0: 7, 5: 9}
+        for read_first in (None, False):       # the CPU's rule, and the GPU's on a CPU
+            rows, tokens = _choices(logits.clone(), planned, [(0, 7), (5, 9)], read_first)
+            assert dict(zip(rows.tolist(), tokens.tolist(), strict=True)) == {
+                **checked, 0: 7, 5: 9}
         written = _one_hot(logits.clone(), rows, tokens)
         assert written[rows].argmax(dim=-1).tolist() == tokens.tolist()
         assert bool((written[rows].isinf().sum(dim=-1) == logits.shape[1] - 1).all())

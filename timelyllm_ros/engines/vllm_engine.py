@@ -174,20 +174,24 @@ Planned = list[tuple[int, int, KeptTokens]]
 """A batch's plan rows for the logits processor: (row, end-of-text id, the generation so far)."""
 
 
-def _choices(logits: Any, planned: Planned, forced: list[tuple[int, int]]) -> tuple[Any, Any]:
+def _choices(logits: Any, planned: Planned, forced: list[tuple[int, int]],
+             read_first: bool | None = None) -> tuple[Any, Any]:
     """The token each row must produce, as two tensors on the logits' device (rows, tokens):
     the forced scripts' next ids, and each plan row's :func:`~timelyllm_ros.engines.kept.
     choose_token` after the penalty. On a CPU the argmax is read and checked first
     (:func:`_checked_choices`); on an accelerator reading it would wait for the forward pass
     and leave the device idle for the rest of the step, so every plan row is masked there
-    instead (:func:`_masked_choices`): the same tokens, nothing read back.
+    instead (:func:`_masked_choices`): the same tokens, nothing read back. ``read_first``
+    overrides that (``benchmarks/vllm_engine.py`` compares the two on a GPU).
 
     Raises:
         EngineError: a grammar allows no token.
     """
     import torch
 
-    if logits.device.type == 'cpu':
+    if read_first is None:
+        read_first = logits.device.type == 'cpu'
+    if read_first:
         choices = dict(forced)
         choices.update(_checked_choices(logits, planned))
         return torch.tensor(list(choices)), torch.tensor(list(choices.values()))
