@@ -336,7 +336,12 @@ def test_on_a_gpu_the_processor_chooses_without_waiting_for_the_device() -> None
     if not torch.cuda.is_available():
         pytest.skip('no CUDA device')
     from timelyllm_ros.engines.kept import penalize_rows
-    from timelyllm_ros.engines.vllm_engine import _checked_choices, _masked_choices, _one_hot
+    from timelyllm_ros.engines.vllm_engine import (
+        _checked_choices,
+        _choices,
+        _masked_choices,
+        _one_hot,
+    )
 
     penalties = ([1, 2], [[40, 41, 40], [7]], [1.3, 1.1])
     for logits, planned in _plan_rows('cuda', seed=2):
@@ -353,4 +358,6 @@ def test_on_a_gpu_the_processor_chooses_without_waiting_for_the_device() -> None
             torch.cuda.set_sync_debug_mode('default')
         assert dict(zip(at.tolist(), chosen.tolist(), strict=True)) == expected
         assert bool((logits[at, chosen] == 0.0).all())
+        read = _one_hot(logits.clone(), *_choices(logits, planned, [(0, 5)], read_first=True))
+        assert bool((read[at, chosen] == 0.0).all()) and read[0].argmax().item() == 5
         assert bool((torch.isinf(logits[at]).sum(dim=-1) == logits.shape[1] - 1).all())

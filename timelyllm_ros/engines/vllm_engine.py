@@ -194,7 +194,8 @@ def _choices(logits: Any, planned: Planned, forced: list[tuple[int, int]],
     if read_first:
         choices = dict(forced)
         choices.update(_checked_choices(logits, planned))
-        return torch.tensor(list(choices)), torch.tensor(list(choices.values()))
+        return (torch.tensor(list(choices), device=logits.device),
+                torch.tensor(list(choices.values()), device=logits.device))
     at, chosen = _masked_choices(logits, planned)
     if forced:
         scripted = np.array(forced, dtype=np.int64).T
