@@ -1,7 +1,8 @@
 """Throughput under overload: a fleet whose goals all arrive in one burst (issue 13, item 7).
 
     python3 benchmarks/overload.py [--robots 1000] [--seed 0] [--burst-s 2] [--tasks-per-robot 1]
-                                   [--policies vllm,timelyllm] [--batch-mode fixed] [--json]
+                                   [--policies vllm,timelyllm,timelyllm-share] [--batch-mode fixed]
+                                   [--json]
 
 Every robot of the fleet (a Tello drone running one of the drone traces T1–T8: T1–T5 normal,
 T6–T8 urgent) sends its goals within ``burst_s`` simulated seconds, far more than the engine
@@ -15,8 +16,10 @@ the scheduler's own ``decide`` with its admission tests and hooks, as the fleet 
 ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
 batch size, the mean utility of urgent goals (signed, and with late goals floored at 0) and of
-all goals, the completion rate, and how many urgent goals earned any utility.
-:func:`run_overload` returns the same as a dict (the fault campaign calls it).
+all goals, the completion rate, and how many urgent goals earned any utility; then each
+policy's goals/s and decide mean over the ``vllm`` policy's. By default it runs ``vllm``, the
+paper's ``timelyllm`` and the fleet's default policy. :func:`run_overload` returns the same as a
+dict (the fault campaign calls it).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from timelyllm_ros.evaluation.bench import EngineOptions
 from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
 from timelyllm_ros.evaluation.workloads import DEFAULT_BURST_S, overload_tasks
+from timelyllm_ros.policies import FLEET_POLICY
 
-DEFAULT_POLICIES = ('vllm', 'timelyllm')
+DEFAULT_POLICIES = ('vllm', 'timelyllm', FLEET_POLICY)
 
 
 def generation_end_s(generation: Generation) -> float:
@@ -116,7 +120,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     Args:
         robots: fleet size (1,000 in issue 13).
         seed: seeds the goals and the simulated robots.
-        policies: policy names; ``vllm`` and ``timelyllm`` give ``throughput_ratio``.
+        policies: policy names; with ``vllm`` among them, the others get ``ratios_to_vllm``.
         burst_s: simulated seconds over which the goals arrive.
         tasks_per_robot: goals each robot sends within the burst.
         prefix_caching: whether the simulated engine shares the robot prompt's KV.
@@ -127,8 +131,10 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
 
     Returns:
         ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'policies':
-        {name: figures of :func:`policy_figures`}, 'throughput_ratio'}`` where
-        ``throughput_ratio`` is timelyllm's goals/s over vllm's (None unless both ran).
+        {name: figures of :func:`policy_figures`}, 'ratios_to_vllm'}`` where
+        ``ratios_to_vllm`` maps each other policy to its ``goals_per_s`` and ``decide_mean``
+        over the ``vllm`` policy's (empty unless ``vllm`` ran; a ratio is None where vllm's
+        figure is 0).
     """
     tasks = overload_tasks(robots, seed, burst_s=burst_s, tasks_per_robot=tasks_per_robot)
     figures = {policy: policy_figures(simulate(
@@ -136,15 +142,23 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
         engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas,
                              request_latency_s=request_latency_s).build()))
         for policy in policies}
-    ratio = None
-    if 'vllm' in figures and 'timelyllm' in figures and figures['vllm']['goals_per_s'] > 0:
-        ratio = figures['timelyllm']['goals_per_s'] / figures['vllm']['goals_per_s']
+    ratios = {}
+    if 'vllm' in figures:
+        ratios = {policy: {'goals_per_s': _ratio(mine['goals_per_s'],
+                                                 figures['vllm']['goals_per_s']),
+                           'decide_mean': _ratio(mine['decide_mean_ms'],
+                                                 figures['vllm']['decide_mean_ms'])}
+                  for policy, mine in figures.items() if policy != 'vllm'}
     return {'robots': robots, 'seed': seed, 'tasks': len(tasks), 'burst_s': burst_s,
             'tasks_per_robot': tasks_per_robot, 'prefix_caching': prefix_caching,
             'replicas': replicas,
             'request_latency_s': request_latency_s, 'batch_mode': batch_mode,
             'policies': figures,
-            'throughput_ratio': ratio}
+            'ratios_to_vllm': ratios}
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -159,12 +173,10 @@ def _table(report: dict[str, Any]) -> str:
         cells = ' '.join(f'{figures[c]:15.3f}' if figures[c] is not None else f"{'-':>15}"
                          for c in columns)
         lines.append(f'{policy:>16} {cells}')
-    if report['throughput_ratio'] is not None:
-        lines.append(f"timelyllm / vllm goals/s: {report['throughput_ratio']:.3f}")
-    figures = report['policies']
-    if 'timelyllm' in figures and 'vllm' in figures and figures['vllm']['decide_mean_ms']:
-        ratio = figures['timelyllm']['decide_mean_ms'] / figures['vllm']['decide_mean_ms']
-        lines.append(f'timelyllm / vllm decide mean: {ratio:.2f}')
+    for policy, ratios in report['ratios_to_vllm'].items():
+        cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'
+                          for name, value in ratios.items())
+        lines.append(f'{policy} / vllm: {cells}')
     return '\n'.join(lines)
 
 

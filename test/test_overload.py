@@ -41,8 +41,12 @@ def test_overload_throughput_is_within_20_percent_of_vllm(overload: ModuleType) 
     assert vllm['late_share'] > 0.9
     assert timely['generated'] == vllm['generated'] == report['tasks'] == 400
     assert timely['goals_per_s'] >= 0.8 * vllm['goals_per_s']
-    assert report['throughput_ratio'] == pytest.approx(
+    ratios = report['ratios_to_vllm']
+    assert set(ratios) == {'timelyllm', 'timelyllm-share'}      # the default policies
+    assert ratios['timelyllm']['goals_per_s'] == pytest.approx(
         timely['goals_per_s'] / vllm['goals_per_s'])
+    assert ratios['timelyllm']['decide_mean'] == pytest.approx(
+        timely['decide_mean_ms'] / vllm['decide_mean_ms'])
     # and it still serves urgent goals better than vllm
     assert timely['urgent_utility'] > vllm['urgent_utility']
 
