@@ -216,19 +216,16 @@ def test_the_device_mask_picks_what_the_host_mask_picks() -> None:
     torch = pytest.importorskip('torch', reason='torch is not installed')
     import numpy as np
 
-    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
-    from timelyllm_ros.engines.transformers_engine import ByteTokenizer
     from timelyllm_ros.engines.vllm_engine import _masked_argmaxes
 
-    pieces = [bytes([i]) for i in range(256)] + [b'<|eos|>', b'<|bos|>']
-    tokenizer = LlguidanceTokenizer.from_pieces(pieces, ByteTokenizer.eos_token_id,
-                                                ByteTokenizer.bos_token_id, list)
+    tokenizer, _ = _byte_grammars()
+    vocab = tokenizer.vocab_size
     plan = b"to();mf(100);?iv('cat')==True{g('cat')};ld()"
     grammar = tokenizer.grammar(plan_grammar(TELLO).gbnf)
     generator = torch.Generator().manual_seed(0)
     checked = 0
     for byte in plan:
-        logits = torch.randn(3, len(pieces) + 40, generator=generator)   # padded past the mask
+        logits = torch.randn(3, vocab + 40, generator=generator)   # padded past the mask
         if grammar.allows(int(logits[1].argmax())):
             logits[1, int(logits[1].argmax())] = -1e9      # make the argmax a refused one
         expected = grammar.best(np.array(logits[1].numpy(), dtype=np.float32))
@@ -239,6 +236,7 @@ def test_the_device_mask_picks_what_the_host_mask_picks() -> None:
 
 
 def _byte_grammars() -> tuple[Any, int]:
+    """An llguidance tokenizer of 256 bytes and end/begin of text, and its end-of-text id."""
     from timelyllm_ros.engines.constraint import LlguidanceTokenizer
     from timelyllm_ros.engines.transformers_engine import ByteTokenizer
 
