@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pytest
 import yaml
 from utils import tiny_calibration
 
 from timelyllm_ros.engines import create_engine
-from timelyllm_ros.engines.base import EngineRequest
+from timelyllm_ros.engines.base import EngineRequest, StepResult
 from timelyllm_ros.engines.calibration import (
     CALIBRATION_DIR,
     DEFAULT_CALIBRATION,
@@ -625,3 +627,51 @@ def test_a_block_prefix_cache_serves_a_repeated_prompt_but_its_last_partial_bloc
     uncached = SimulatedEngine(blocks.calibration, prefix_caching=False)
     assert first_prefill(uncached, 'a', 'go to the door') == 100
     assert first_prefill(uncached, 'b', 'go to the door') == 100
+
+
+class _CheckedTotal(SimulatedEngine):
+    """The simulator, checking at every read of the decode-step model and after every
+    iteration that the running batch's attended total it keeps equals the batch summed
+    again."""
+
+    checks = 0
+
+    def _check(self) -> None:
+        if self._running and self._attended_total is not None:
+            assert self._attended_total == sum(self._attended_tokens(r) for r in self._running)
+            self.checks += 1
+
+    def _model_decode_step_s(self, batch_size: int) -> float:
+        self._check()
+        return super()._model_decode_step_s(batch_size)
+
+    def step(self, only: Collection[str] | None = None) -> StepResult:
+        result = super().step(only)
+        self._check()
+        return result
+
+
+@pytest.mark.parametrize('late, prefix_caching, max_num_seqs', [
+    (False, True, None),
+    (False, False, 8),          # contended: dropped and swapped contexts
+    (True, True, None),         # outputs one iteration late: cut tokens taken back
+])
+def test_the_kept_attended_total_is_the_batch_summed(late: bool, prefix_caching: bool,
+                                                     max_num_seqs: int | None) -> None:
+    """Joins, cuts, ends, preemptions, evictions, compression (TimeBill) and each iteration's
+    tokens keep the total the decode-step model reads, exactly (integers)."""
+    from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.evaluation.workloads import resolve_workload
+    from timelyllm_ros.policies import POLICIES
+
+    _, tasks = resolve_workload('wid2', seed=0)
+    calibration = CAL.model_copy(update={'engine': CAL.engine.model_copy(
+        update={'outputs_one_iteration_late': late})})
+    checks = 0
+    for policy in POLICIES:
+        engine = _CheckedTotal(calibration, prefix_caching=prefix_caching,
+                               max_num_seqs=max_num_seqs)
+        result = simulate(tasks, policy, seed=0, engine=engine)
+        assert result.generations
+        checks += engine.checks
+    assert checks > 1000

@@ -317,19 +317,25 @@ class SimulatedEngine(BatchingEngine[_Generation]):
             self._attended_total += self._attended_tokens(request_id)
 
     def pause(self, request_id: str) -> None:
-        self._attended_total = None
         self._get(request_id)
+        self._leave(request_id)
         self._take_back(request_id)
-        self._running.pop(request_id, None)
         self.kv.pause(request_id)
 
     def release(self, request_id: str) -> None:
-        if request_id in self._running:       # a new request's release changes no context
-            self._attended_total = None
+        self._leave(request_id)
         self._take_back(request_id)
-        self._running.pop(request_id, None)
         self._generations.pop(request_id, None)
         self.kv.remove(request_id)
+
+    def _leave(self, request_id: str) -> None:
+        """Take a generation out of the running batch (if there), less its attended tokens
+        in the batch's total: the decode-step model reads that total at every admission
+        test, and summing the batch again after each change was most of a decision's cost."""
+        if request_id in self._running:
+            if self._attended_total is not None:
+                self._attended_total -= self._attended_tokens(request_id)
+            del self._running[request_id]
 
     def decode_step_s(self, batch_size: int) -> float:
         if self._observed is not None:
@@ -342,8 +348,9 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         if not self._running:
             context = batch_size * self.calibration.decode_ms.reference_context_tokens
         else:
-            # asked many times per decision (every admission test): kept until the engine
-            # changes (every mutating call resets it)
+            # asked many times per decision (every admission test): kept up to date by every
+            # call that changes the batch or a running context (a join, a cut, an end, each
+            # iteration's tokens); summed again only after a reset
             if self._attended_total is None:
                 self._attended_total = sum(self._attended_tokens(r) for r in self._running)
             context = int(batch_size * (self._attended_total / len(self._running)))
@@ -357,16 +364,14 @@ class SimulatedEngine(BatchingEngine[_Generation]):
                 - generation.evicted_tokens)
 
     def evict(self, request_id: str, to: EvictTo) -> None:
-        self._attended_total = None
         self._get(request_id)
+        self._leave(request_id)
         self._take_back(request_id)
-        self._running.pop(request_id, None)
         if to == 'host' and self.kv.swap_out(request_id):
             return
         self.kv.drop(request_id)
 
     def compress_kv(self, request_id: str, evict_ratio: float) -> None:
-        self._attended_total = None
         if not 0.0 <= evict_ratio < 1.0:
             raise EngineError(f'evict ratio must be in [0, 1), got {evict_ratio}')
         self._get(request_id).evict_ratio = evict_ratio
@@ -381,7 +386,6 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         return result
 
     def _step(self, only: Collection[str] | None) -> StepResult:
-        self._attended_total = None
         self.steps += 1
         if self._fail_at_step is not None and self.steps == self._fail_at_step:
             raise EngineError(f'simulated engine failure at iteration {self.steps}')
@@ -409,6 +413,7 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         token_ids: dict[str, tuple[int, ...]] = {}
         finished: dict[str, FinishReason] = {}
         preempted: list[str] = []
+        grown = 0                   # running generations whose KV took one more token
         for request_id in producing:
             generation = self._generations[request_id]
             request = generation.request
@@ -419,17 +424,20 @@ class SimulatedEngine(BatchingEngine[_Generation]):
             if not self.kv.grow(request_id):
                 preempted.append(request_id)
                 continue
+            grown += request_id in self._running
             text[request_id] = script[generation.emitted]
             token_ids[request_id] = (generation.emitted,)
             generation.emitted += 1
             if generation.emitted >= request.max_tokens:
                 finished[request_id] = 'length'
+        if self._attended_total is not None:
+            self._attended_total += grown
         for request_id in preempted:
             # Out of KV blocks even after evicting paused contexts: recompute later (vLLM).
-            self._running.pop(request_id, None)
+            self._leave(request_id)
             self.kv.drop(request_id)
         for request_id in finished:
-            self._running.pop(request_id, None)
+            self._leave(request_id)
         self.busy_s += duration
         if self.realtime:
             time.sleep(duration)
@@ -586,5 +594,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
         request = generation.request
         evicted = int(generation.evict_ratio * request.prompt_tokens)
         own = min(evicted, request.prompt_tokens - self._shared_tokens(request))
+        before = self._attended_tokens(request_id)
         self.kv.shrink(request_id, own)
         generation.evicted_tokens = evicted - own   # the rest lies in the shared prefix
+        if self._attended_total is not None and request_id in self._running:
+            self._attended_total += self._attended_tokens(request_id) - before
