@@ -330,8 +330,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
 
     def _leave(self, request_id: str) -> None:
         """Take a generation out of the running batch (if there), less its attended tokens
-        in the batch's total: the decode-step model reads that total at every admission
-        test, and summing the batch again after each change was most of a decision's cost."""
+        in the batch's total (the decode-step model reads it at every admission test;
+        summing the batch again after every change cost a tenth of each decision)."""
         if request_id in self._running:
             if self._attended_total is not None:
                 self._attended_total -= self._attended_tokens(request_id)
