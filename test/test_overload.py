@@ -63,6 +63,35 @@ def test_run_overload_reports_every_figure(overload: ModuleType) -> None:
     assert overload.main(['--robots', '10', '--policies', 'vllm', '--json']) == 0
 
 
+def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None:
+    """--repeats N: the simulated figures of one round, the decide figures over every round's
+    decisions; rounds that disagree are an error, not a mean."""
+    once = overload.run_overload(20, 1, policies=('vllm', 'timelyllm'), burst_s=0.5)
+    thrice = overload.run_overload(20, 1, policies=('vllm', 'timelyllm'), burst_s=0.5,
+                                   repeats=3)
+    assert once['repeats'] == 1 and thrice['repeats'] == 3
+    timings = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'wall_time_s')
+    for policy in ('vllm', 'timelyllm'):
+        one, three = once['policies'][policy], thrice['policies'][policy]
+        assert {k: v for k, v in one.items() if k not in timings} == {
+            k: v for k, v in three.items() if k not in timings}
+        assert 0.0 < three['decide_mean_ms'] <= three['decide_p99_ms'] <= three['decide_max_ms']
+    tasks = overload.overload_tasks(20, 1, burst_s=0.5)
+    runs = [overload.simulate(tasks, 'timelyllm', seed=seed) for seed in (1, 1)]
+    pooled = overload.pooled_figures(runs)
+    assert pooled['decide_mean_ms'] == pytest.approx(
+        1000 * sum(c for run in runs for c in run.decision_cpu_s)
+        / sum(len(run.decision_cpu_s) for run in runs))
+    other = overload.simulate(overload.overload_tasks(20, 2, burst_s=0.5), 'timelyllm', seed=2)
+    with pytest.raises(RuntimeError, match='different figures'):
+        overload.pooled_figures([runs[0], other])
+    with pytest.raises(ValueError, match='repeats'):
+        overload.run_overload(5, 0, policies=('vllm',), repeats=0)
+    with pytest.raises(SystemExit):
+        overload.main(['--robots', '5', '--repeats', '0'])
+    assert overload.main(['--robots', '5', '--policies', 'vllm', '--repeats', '2']) == 0
+
+
 def test_batch_mode_fixed_admits_by_cap_and_memory_only(overload: ModuleType) -> None:
     """--batch-mode fixed: timelyllm's batch is no longer held back by the latency test, so
     under overload it holds more generations; vllm (no latency test) is unchanged."""
