@@ -444,11 +444,13 @@ def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:
     """The same example: the stranded goals (``timelyllm-share`` promotes them) are rows 1
     then 0, the urgent one having lost more; the lost resume (row 3) is not stranded. Equal
     losses: the earlier queued first."""
-    from timelyllm_ros.core.priority import stranded_by_loss
+    from timelyllm_ros.core.priority import stranded_by_loss, utility_if_started
 
     t, ref, ert, beta, alpha, g, first = _stranded_example()
-    rows = stranded_by_loss(t, ref, ert, beta, alpha, g, COMM, first, _arr(0, 1, 2, 3))
+    utility = utility_if_started(t, ref, ert, beta, alpha, g, COMM)
+    rows = stranded_by_loss(utility, first, _arr(0, 1, 2, 3))
     assert rows.tolist() == [1, 0]
-    same = stranded_by_loss(t, ref[:1].repeat(2), ert[:1].repeat(2), beta[:1].repeat(2),
-                            alpha[:1].repeat(2), g[:2], COMM, first[:2], _arr(7, 3))
+    same = stranded_by_loss(utility_if_started(t, ref[:1].repeat(2), ert[:1].repeat(2),
+                                               beta[:1].repeat(2), alpha[:1].repeat(2), g[:2],
+                                               COMM), first[:2], _arr(7, 3))
     assert same.tolist() == [1, 0]

@@ -81,11 +81,13 @@ def utility_if_started(now: float, ref: Column, ert: Column, beta: Column, alpha
 def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
                  alpha: Column, g: Column, comm_s: float,
                  lost_order: LostOrder = 'loss-rate', first: Column | None = None,
-                 stranded: StrandedRule = 'eq4') -> Column:
+                 stranded: StrandedRule = 'eq4', utility: Column | None = None) -> Column:
     """Eq. 4 with the slack L defined in the module docstring; generations with no utility
     left ordered by ``lost_order``, and stranded goals (``first`` 1.0 for a goal's first
-    segment; None: none is) placed by ``stranded``."""
-    utility = utility_if_started(now, ref, ert, beta, alpha, g, comm_s)
+    segment; None: none is) placed by ``stranded``. ``utility``: :func:`utility_if_started`
+    of the same columns at ``now``, where the caller has it (not changed here)."""
+    if utility is None:
+        utility = utility_if_started(now, ref, ert, beta, alpha, g, comm_s)
     # L counts from the time the segment is needed (ref + ert), not from the clamped wait:
     # a segment needed later has more slack (module docstring).
     slack = ref + ert - (now + g + comm_s)
@@ -106,16 +108,12 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
     return priority
 
 
-def stranded_by_loss(now: float, ref: Column, ert: Column, beta: Column, alpha: Column,
-                     g: Column, comm_s: float, first: Column, seq: Column) -> NDArray[np.intp]:
-    """The rows of the stranded goals (a first segment with no utility left), the one that
-    has lost most first (equal losses: the earlier queued first)."""
-    rows = np.flatnonzero(first > 0.0)
-    utility = utility_if_started(now, ref[rows], ert[rows], beta[rows], alpha[rows], g[rows],
-                                 comm_s)
-    lost = utility <= 0.0
-    rows, utility = rows[lost], utility[lost]
-    ranked: NDArray[np.intp] = rows[np.lexsort((seq[rows], utility))]
+def stranded_by_loss(utility: Column, first: Column, seq: Column) -> NDArray[np.intp]:
+    """The rows of the stranded goals (a first segment with no utility left: ``utility`` of
+    :func:`utility_if_started`), the one that has lost most first (equal losses: the earlier
+    queued first)."""
+    rows = np.flatnonzero((first > 0.0) & (utility <= 0.0))
+    ranked: NDArray[np.intp] = rows[np.lexsort((seq[rows], utility[rows]))]
     return ranked
 
 

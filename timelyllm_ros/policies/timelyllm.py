@@ -15,6 +15,7 @@ from timelyllm_ros.core.priority import (
     interleave,
     pud_priority,
     stranded_by_loss,
+    utility_if_started,
 )
 from timelyllm_ros.core.queue import QueueView
 from timelyllm_ros.core.request import Generation
@@ -79,14 +80,14 @@ class TimelyLlmPolicy(Policy):
 
     def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
         stranded = self.stranded
+        utility = utility_if_started(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
+                                     queue.g, queue.comm_s)
         priority = pud_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
                                 queue.g, queue.comm_s, self.lost_order, queue.first,
-                                'eq4' if stranded == 'share' else stranded)
+                                'eq4' if stranded == 'share' else stranded, utility)
         if stranded != 'share' or priority.min(initial=1.0) > 0.0:
             return priority
-        promoted = self._within_room(queue, stranded_by_loss(
-            now, queue.ref_time, queue.ert, queue.beta, queue.alpha, queue.g, queue.comm_s,
-            queue.first, queue.seq))
+        promoted = self._within_room(queue, stranded_by_loss(utility, queue.first, queue.seq))
         if not len(promoted):
             return priority
         return interleave(priority, queue.seq, promoted, self.stranded_share)
