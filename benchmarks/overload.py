@@ -129,13 +129,20 @@ def pooled_figures(results: Sequence[SimulationResult]) -> dict[str, Any]:
     figures = policy_figures(results[0])
     for result in results[1:]:
         again = policy_figures(result)
-        if any(again[key] != value for key, value in figures.items() if key not in _TIMINGS):
+        if any(not _same(again[key], value) for key, value in figures.items()
+               if key not in _TIMINGS):
             raise RuntimeError('the simulated fleet gave different figures in two rounds on '
                                'the same goals')
     figures.update(decision_figures([cpu for result in results
                                      for cpu in result.decision_cpu_s]))
     figures['wall_time_s'] = sum(result.wall_time_s for result in results) / len(results)
     return figures
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal figures, NaN equal to NaN (a figure with nothing to measure)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float)
+                      and math.isnan(a) and math.isnan(b))
 
 
 def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_POLICIES,

@@ -85,6 +85,8 @@ def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None
     other = overload.simulate(overload.overload_tasks(20, 2, burst_s=0.5), 'timelyllm', seed=2)
     with pytest.raises(RuntimeError, match='different figures'):
         overload.pooled_figures([runs[0], other])
+    assert overload._same(float('nan'), float('nan'))   # a figure with nothing to measure
+    assert not overload._same(float('nan'), 0.0) and overload._same(None, None)
     with pytest.raises(ValueError, match='repeats'):
         overload.run_overload(5, 0, policies=('vllm',), repeats=0)
     with pytest.raises(SystemExit):
