@@ -241,18 +241,6 @@ def _step_scale(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps
     return ctx.recent_step_s, (model_next / model_now if model_now > 0 else 1.0)
 
 
-def _step_scales(size: int, ctx: AdmissionContext, decode_s: DecodeSteps
-                 ) -> tuple[float, float, float]:
-    """``(r, s_now, s_next)``: :func:`_step_scale` at the batch's own size ``size`` (≥ 1) and
-    at ``size + 1``, the model asked once for each size."""
-    model_now, model_next = decode_s(size), decode_s(size + 1)
-    if ctx.recent_step_s is None:
-        return 1.0, model_now, model_next
-    if model_now > 0:
-        return ctx.recent_step_s, model_now / model_now, model_next / model_now
-    return ctx.recent_step_s, 1.0, 1.0
-
-
 def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> float:
     """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
     recent, scale = _step_scale(batch_size, ctx, decode_s)
@@ -461,15 +449,10 @@ class BatchColumns:
         if len(added) >= _ROWS_AT_ONCE:
             self._add_rows(added, ctx)
             return self
-        now, comm_s, l_max = ctx.now, ctx.comm_s, self._l_max
         for offset, g in enumerate(added):
-            budget = g.need_time + g.ert_s - now - comm_s     # budget_s, inline
-            spec = g.spec
-            profile_l_max = l_max.get(spec.profile)
-            if profile_l_max is None:
-                profile_l_max = self._profile_l_max(g, ctx)
-            remaining = max(profile_l_max - g.segment_tokens, 1)
-            alpha = spec.tuf.alpha
+            budget = budget_s(g, ctx)
+            remaining = max(self._profile_l_max(g, ctx) - g.segment_tokens, 1)
+            alpha = g.spec.tuf.alpha
             self._pending.append((remaining, budget, alpha))
             self.weights.add(remaining, budget, alpha)
             if budget < self.most_urgent_budget or self.most_urgent < 0:
@@ -491,9 +474,8 @@ class BatchColumns:
         budget -= ctx.comm_s
         l_max = self._l_max
         profiles = list(map(_PROFILE, added))
-        for profile, g in dict(zip(profiles, added, strict=True)).items():  # one per profile
-            if profile not in l_max:
-                self._profile_l_max(g, ctx)
+        for g in dict(zip(profiles, added, strict=True)).values():   # one per profile
+            self._profile_l_max(g, ctx)
         remaining = np.fromiter(map(l_max.__getitem__, profiles), float, n)
         remaining -= np.fromiter(map(_SEGMENT_TOKENS, added), float, n)
         np.maximum(remaining, 1.0, out=remaining)
@@ -673,13 +655,15 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     if candidate_budget <= budget + tie:
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
+    size = len(ctx.running)
+    decode_s = _decode_steps(ctx)
     remaining = batch.most_urgent_remaining     # the most urgent one's WCET: as wcet_s
-    recent, scale_now, scale_next = _step_scales(len(ctx.running), ctx, _decode_steps(ctx))
+    recent, scale_next = _step_scale(size + 1, ctx, decode_s)
     if budget > 0:
         return extra + remaining * recent * scale_next <= budget
+    scale_now = _step_scale(size, ctx, decode_s)[1]
     wait = remaining * recent * scale_now
     gain = wait * queue_loss_rate(ctx)
-    if not _budget_at(candidate, ctx.now, ctx.comm_s) <= 0.0:  # not lost (a lost candidate
-                                                                # is in the queue's rate)
+    if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
         gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
     return _delay_cost_at_most(gain, extra, batch, recent * scale_now, recent * scale_next)
