@@ -146,18 +146,42 @@ def test_bad_input_prints_an_error_and_returns_1(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_bench_matrix_refuses_a_standing_policy_it_does_not_run(tmp_path, capsys):
+    out = tmp_path / 'matrix'
+    assert main(['bench', '--matrix', '--workloads', 'wid1', '--seeds', '0', '--policies',
+                 'vllm,timelyllm', '--standing', 'slice', '--out', str(out), '--quiet']) == 1
+    assert "'slice' must be one of at least two policies" in capsys.readouterr().err
+    assert not out.exists()                     # refused before any cell ran
+
+
 def test_bench_matrix_gives_each_cell_its_spread_over_seeds(tmp_path, capsys):
     """Issue 26/28: workloads × regimes × seeds × policies in one command."""
     import statistics
 
+    from timelyllm_ros.evaluation.matrix import verdict
+
     out = tmp_path / 'matrix'
     assert main(['bench', '--matrix', '--workloads', 'wid1,authors-arm', '--regimes',
                  'default,contended', '--seeds', '0,1', '--policies', 'vllm,timelyllm',
-                 '--out', str(out), '--quiet']) == 0
+                 '--standing', 'timelyllm', '--out', str(out), '--quiet']) == 0
     printed = capsys.readouterr().out
     assert '| workload | regime | policy |' in printed
+    assert 'Where timelyllm stands against the best other policy' in printed
     matrix = json.loads((out / 'matrix.json').read_text())
     assert matrix['seeds'] == [0, 1] and matrix['robot_jitter'] == 0.1
+    # the standing is the verdict of each figure against vllm's, the only other policy
+    judged = matrix['standing']
+    assert judged['policy'] == 'timelyllm'
+    for workload in ('wid1', 'authors-arm'):
+        for regime in ('default', 'contended'):
+            for figure, entry in judged['cells'][workload][regime].items():
+                own = matrix['cells'][workload][regime]['timelyllm'][figure]
+                other = matrix['cells'][workload][regime]['vllm'][figure]
+                assert entry['best'] == 'vllm' and entry['best_mean'] == other['mean']
+                assert entry['verdict'] == verdict(own['mean'], own['sd'], other['mean'],
+                                                   other['sd'], figure)
+                assert (entry['verdict'] == 'behind') == (
+                    f'{workload} {regime} {figure}' in judged['behind'])
     assert (out / 'matrix.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     for workload in ('wid1', 'authors-arm'):
         for regime in ('default', 'contended'):

@@ -175,7 +175,7 @@ def _bench_matrix(args: argparse.Namespace) -> int:
         run_matrix,
     )
     from timelyllm_ros.evaluation.workloads import workload_names
-    from timelyllm_ros.policies import resolve_policy_names
+    from timelyllm_ros.policies import FLEET_POLICY, resolve_policy_names
 
     workloads = (args.workloads.split(',') if args.workloads else list(DEFAULT_WORKLOADS))
     unknown = [w for w in workloads if w not in workload_names()]
@@ -184,6 +184,9 @@ def _bench_matrix(args: argparse.Namespace) -> int:
     seeds: list[int] = args.seeds or list(DEFAULT_SEEDS)
     regimes: list[str] = args.regimes or list(DEFAULT_REGIMES)
     policies = resolve_policy_names(args.policies)
+    judged = args.standing
+    if judged is None and FLEET_POLICY in policies and len(policies) > 1:
+        judged = FLEET_POLICY
     jitter = 0.1 if args.robot_jitter is None else args.robot_jitter
     with tqdm(total=len(workloads) * len(regimes) * len(seeds), desc='bench matrix',
               unit='cell', disable=args.quiet, file=sys.stderr) as bar:
@@ -193,7 +196,7 @@ def _bench_matrix(args: argparse.Namespace) -> int:
 
         run_matrix(Path(args.out), policies, workloads=workloads, regimes=regimes, seeds=seeds,
                    robot_jitter=jitter, config=_config(args), engine=_engine_options(args),
-                   progress=progress)
+                   progress=progress, judged=judged)
     print((Path(args.out) / 'matrix.md').read_text(encoding='utf-8'), end='')
     print(f"wrote {Path(args.out) / 'matrix.json'}, matrix.md, matrix.png and every cell's "
           f'bench output under {args.out}/WORKLOAD/REGIME/seedN')
@@ -660,6 +663,12 @@ def build_parser() -> argparse.ArgumentParser:
                             'authors-drone,authors-arm,overload-1000)')
     bench.add_argument('--seeds', type=int_list_arg(0, 2**31), default=None,
                        help='with --matrix: seeds (default 0,1,2,3,4)')
+    bench.add_argument('--standing', default=None, metavar='POLICY',
+                       help='with --matrix: say where POLICY stands against the best other '
+                            'policy in every cell and figure (ahead; level: within the '
+                            "seeds' spread, or a response time within 10%% of the best; "
+                            "behind); default: the fleet's policy when it is among several "
+                            '--policies')
     bench.set_defaults(func=cmd_bench)
 
     overhead = sub.add_parser('overhead', help='median CPU time of one scheduling decision '

@@ -6,7 +6,9 @@ workload, regime and policy, each figure's mean and spread (sample standard devi
 the seeds: urgent and overall utility, signed and with late tasks floored at 0, completion
 rate, mean and p95 response time and SLO attainment. ``matrix.json`` holds them with every
 seed's value, ``matrix.md`` a table, ``matrix.png`` a figure (a panel per regime and figure, a
-group of bars per workload, a bar per policy with its spread).
+group of bars per workload, a bar per policy with its spread). Given a policy to judge,
+both also say where it stands against the best of the others in every cell and figure
+(:func:`standing`: issue 28's target, read from the matrix).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from timelyllm_ros.core.scheduler import SchedulerConfig
+from timelyllm_ros.errors import PolicyError
 from timelyllm_ros.evaluation.bench import EngineOptions, regime_engine, run_bench
 from timelyllm_ros.evaluation.workloads import resolve_workload
 
@@ -41,6 +44,13 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
 
 LOWER_IS_BETTER = frozenset({'mean response s', 'p95 response s'})
 
+RESPONSE_MARGIN = 0.10
+"""How far behind the best other policy a lower-is-better figure (a response time) may be and
+still count as level with it: issue 28's "no more than 10 % behind the best on mean response
+time"."""
+
+Verdict = Literal['ahead', 'level', 'behind']
+
 
 def _figure(policy_summary: dict[str, Any], group: str, key: str) -> float:
     block = (policy_summary['overall'] if group == 'overall'
@@ -56,17 +66,85 @@ def _spread(values: list[float]) -> dict[str, Any]:
             'values': [v if math.isfinite(v) else None for v in values]}
 
 
+def verdict(mean: float, sd: float, best_mean: float, best_sd: float, figure: str,
+            response_margin: float = RESPONSE_MARGIN) -> Verdict:
+    """A policy's figure against the best other policy's, as issue 28's targets read it:
+    ``'ahead'`` at or past the best mean; ``'level'`` within the seeds' spread (the two means
+    ± their sample spreads overlap) or, for a response time, within ``response_margin`` of
+    the best; ``'behind'`` otherwise."""
+    if figure in LOWER_IS_BETTER:
+        if mean <= best_mean:
+            return 'ahead'
+        return 'level' if mean <= best_mean * (1.0 + response_margin) else 'behind'
+    if mean >= best_mean:
+        return 'ahead'
+    return 'level' if mean + sd >= best_mean - best_sd else 'behind'
+
+
+def check_judged(policy: str, policies: Sequence[str]) -> None:
+    """Raise :class:`~timelyllm_ros.errors.PolicyError` unless ``policy`` is one of at least
+    two ``policies``."""
+    if policy not in policies or len(policies) < 2:
+        raise PolicyError(f'{policy!r} must be one of at least two policies to stand against '
+                         f"the others (policies: {', '.join(policies)})")
+
+
+def standing(matrix: dict[str, Any], policy: str,
+             response_margin: float = RESPONSE_MARGIN) -> dict[str, Any]:
+    """Where ``policy`` stands in every cell (workload, regime) and figure of a matrix: its
+    :func:`verdict` against the other policy with the best mean there (a figure a policy has
+    no value for, e.g. the response time of a policy that completed nothing, is left out).
+
+    Returns:
+        ``{'policy', 'response_margin', 'cells': {workload: {regime: {figure: {'verdict',
+        'best', 'best_mean', 'best_sd'}}}}, 'behind': ['workload regime figure', …]}``.
+
+    Raises:
+        PolicyError: ``policy`` is not in the matrix, or it is the only policy there.
+    """
+    check_judged(policy, matrix['policies'])
+    others = [p for p in matrix['policies'] if p != policy]
+    cells: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
+    behind: list[str] = []
+    for workload, regimes in matrix['cells'].items():
+        for regime, policies in regimes.items():
+            row = cells.setdefault(workload, {}).setdefault(regime, {})
+            for figure, _, _ in FIGURES:
+                own = policies[policy][figure]
+                rivals = [(p, policies[p][figure]) for p in others
+                          if policies[p][figure]['mean'] is not None]
+                if own['mean'] is None or not rivals:
+                    continue
+                pick = min if figure in LOWER_IS_BETTER else max
+                best, spread = pick(rivals, key=lambda item: item[1]['mean'])
+                outcome = verdict(own['mean'], own['sd'] or 0.0, spread['mean'],
+                                  spread['sd'] or 0.0, figure, response_margin)
+                row[figure] = {'verdict': outcome, 'best': best,
+                               'best_mean': spread['mean'], 'best_sd': spread['sd']}
+                if outcome == 'behind':
+                    behind.append(f'{workload} {regime} {figure}')
+    return {'policy': policy, 'response_margin': response_margin, 'cells': cells,
+            'behind': behind}
+
+
 def run_matrix(out: Path, policies: Sequence[str],
                workloads: Sequence[str] = DEFAULT_WORKLOADS,
                regimes: Sequence[str] = DEFAULT_REGIMES,
                seeds: Sequence[int] = DEFAULT_SEEDS, robot_jitter: float = 0.1,
                config: SchedulerConfig | None = None, engine: EngineOptions | None = None,
-               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+               progress: Callable[[str], None] | None = None,
+               judged: str | None = None) -> dict[str, Any]:
     """Run every cell and write matrix.json, matrix.md and matrix.png into ``out``.
 
     ``robot_jitter`` (default 0.1) makes the seeds differ on the authors' workloads too,
-    whose arrivals and skill times are recorded.
+    whose arrivals and skill times are recorded. ``judged``: a policy whose
+    :func:`standing` against the others the matrix adds (``'standing'``, and a table).
+
+    Raises:
+        PolicyError: ``judged`` is not one of at least two ``policies`` (before any run).
     """
+    if judged is not None:
+        check_judged(judged, policies)          # before the runs, not after
     engine = engine or EngineOptions()
     engines = {regime: regime_engine(regime, engine) for regime in regimes}   # checked first
     cells: dict[str, dict[str, dict[str, dict[str, dict[str, Any]]]]] = {}
@@ -88,6 +166,8 @@ def run_matrix(out: Path, policies: Sequence[str],
     matrix = {'workloads': list(workloads), 'regimes': list(regimes), 'seeds': list(seeds),
               'policies': list(policies), 'robot_jitter': robot_jitter,
               'engine': engine.describe(), 'cells': cells}
+    if judged is not None:
+        matrix['standing'] = standing(matrix, judged)
     out.mkdir(parents=True, exist_ok=True)
     (out / 'matrix.json').write_text(json.dumps(matrix, indent=1) + '\n')
     (out / 'matrix.md').write_text(matrix_table(matrix))
@@ -126,7 +206,37 @@ def matrix_table(matrix: dict[str, Any]) -> str:
                         text = f'**{text}**'
                     cells.append(text)
                 lines.append(f'| {workload} | {regime} | {policy} | ' + ' | '.join(cells) + ' |')
+    if 'standing' in matrix:
+        lines += ['', *standing_table(matrix['standing'])]
     return '\n'.join(lines) + '\n'
+
+
+def standing_table(judged: dict[str, Any]) -> list[str]:
+    """The lines of a Markdown table of a :func:`standing`: a row per workload and regime, a
+    column per figure (``ahead``, ``level · BEST``, or ``behind · BEST's mean``)."""
+    names = [f for f, _, _ in FIGURES]
+    total = sum(len(figures) for regimes in judged['cells'].values()
+                for figures in regimes.values())
+    lines = [f"Where {judged['policy']} stands against the best other policy of each cell: "
+             f"behind in {len(judged['behind'])} of {total} figures (level: within the seeds' "
+             f"spread; response times within {judged['response_margin']:.0%} of the best)", '',
+             '| workload | regime | ' + ' | '.join(names) + ' |',
+             '|---|---|' + '---|' * len(names)]
+    for workload, regimes in judged['cells'].items():
+        for regime, figures in regimes.items():
+            cells = []
+            for figure in names:
+                entry = figures.get(figure)
+                if entry is None:
+                    cells.append('-')
+                elif entry['verdict'] == 'ahead':
+                    cells.append('ahead')
+                elif entry['verdict'] == 'level':
+                    cells.append(f"level · {entry['best']}")
+                else:
+                    cells.append(f"**behind** · {entry['best']} {entry['best_mean']:.3f}")
+            lines.append(f'| {workload} | {regime} | ' + ' | '.join(cells) + ' |')
+    return lines
 
 
 def matrix_figure(path: Path, matrix: dict[str, Any],
