@@ -172,6 +172,65 @@ def test_latency_guided_admits_at_least_as_urgent_candidate() -> None:
     assert latency_guided(older, ctx)
 
 
+def test_a_rounds_joins_share_one_stall_budget() -> None:
+    """``round_stall`` k: once a round has admitted a join, a less urgent candidate joins only
+    while the round's run costs stay within k × the most urgent one's remaining segment time."""
+    from timelyllm_ros.core.admission import BatchColumns
+
+    engine = _engine(gpu_kv_tokens=1 << 16, max_num_seqs=8)
+    # most urgent: 8 tokens left of its segment, budget 0.6 - 0.05 - 0.008 = 0.542 s
+    urgent = _add(engine, 'u', 10, task_class='urgent', k=1, need=0.6, segment_tokens=2,
+                  run=True)
+    running = {'u': urgent}
+
+    def round_ctx() -> AdmissionContext:
+        return replace(_ctx(engine, running.values(), now=0.05, max_batch=8),  # type: ignore[arg-type]
+                       batch_columns=BatchColumns())
+
+    def join(ctx: AdmissionContext, task_id: str) -> Generation:
+        candidate = _add(engine, task_id, 1500)       # 0.15 s of prefill, budget 0.942 s
+        assert latency_guided(candidate, ctx, round_stall=1.0)
+        engine.run(task_id)
+        running[task_id] = candidate
+        return candidate
+
+    ctx = round_ctx()
+    join(ctx, 'a')          # the round's first join: the test alone, 0.15 + 8 × 0.03 <= 0.542
+    b = _add(engine, 'b', 1500)
+    # alone it passes (0.15 + 8 × 0.04 = 0.47 <= 0.542), but the round would stall the batch
+    # 0.15 + 0.15 = 0.30 s, more than the most urgent's 8 × 0.03 = 0.24 s still to generate
+    assert latency_guided(b, ctx)
+    assert not latency_guided(b, ctx, round_stall=1.0)
+    assert latency_guided(b, ctx, round_stall=1.25)         # 0.30 <= 1.25 × 0.24
+    # a candidate at least as urgent joins whatever the round's stall, and its cost counts
+    peer = _add(engine, 'p', 100, task_class='urgent', k=1, need=0.6)
+    assert latency_guided(peer, ctx, round_stall=1.0)
+    engine.run('p')
+    running['p'] = peer
+    small = _add(engine, 's', 100)        # 0.01 s: 0.15 + 0.01 + 0.01 <= 8 × 0.04 = 0.32
+    assert latency_guided(small, ctx, round_stall=1.0)
+    # a generation admitted but never started (its engine failed) stalls nothing
+    for task_id in ('a', 'p'):
+        del running[task_id]
+    ctx = round_ctx()
+    ghost = _add(engine, 'g', 1500)
+    assert latency_guided(ghost, ctx, round_stall=1.0)      # the round's first: priced
+    late = _add(engine, 'l', 1500)
+    assert latency_guided(late, ctx, round_stall=1.0)       # 'g' never joined: no stall yet
+    # the policies: the fleet's default has the budget, the paper's test has none
+    assert create_policy('timelyllm-share').round_stall == 1.0
+    assert create_policy('timelyllm').round_stall is None
+
+
+@pytest.mark.parametrize('value', [0.0, -1.0, math.nan])
+def test_round_stall_must_be_positive(value: float) -> None:
+    from timelyllm_ros.errors import PolicyError
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    with pytest.raises(PolicyError, match='round_stall must be > 0'):
+        TimelyLlmPolicy(round_stall=value)
+
+
 # -- goals already late (issue 13, item 7) ----------------------------------------------------
 def _late_ctx(engine: SimulatedEngine, running: list[Generation], queued: list[Generation],
               max_batch: int, now: float = 0.05) -> AdmissionContext:

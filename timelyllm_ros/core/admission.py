@@ -26,6 +26,17 @@ prefill) the running ones win and the batch stays small so that they finish soon
 queue full of lost goals the batch grows as vLLM's would. While the most urgent running
 generation is on time, the paper's test is unchanged, and the ranking (which puts goals that
 can still earn utility first) is the policy's, untouched.
+
+Each test prices the candidate's own run cost, but a round's joins all stall the batch: an
+engine that prefills whole (vLLM 0.5) runs every join's prefill in iterations in which no
+running generation decodes, and a chunked prefill spreads the same work over the running ones'
+iterations. A round of many joins, each admitted on its own, can so delay the most urgent
+running generation by many times what any one test saw (measured in issue 28's contended
+regime, where each prefill is a whole prompt). With a round stall budget
+(``latency_guided(..., round_stall=k)``), once a round has admitted a join a less urgent
+candidate joins only while the run costs of the round's joins stay within ``k`` times the
+most urgent running generation's remaining segment time (:class:`BatchColumns` keeps the
+sum).
 """
 
 from __future__ import annotations
@@ -337,7 +348,15 @@ class BatchColumns:
     def __init__(self) -> None:
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
         self._l_max: dict[str, int] = {}          # l_max per robot profile, asked once
+        self.stall_s = 0.0          # run costs of the generations the round joined (priced)
+        self._priced: dict[str, float] = {}       # admitted, not yet seen joining: run cost
         self._reset()
+
+    def price(self, task_id: str, run_cost_s: float) -> None:
+        """An admission test let this generation join at this run cost: once it is seen in
+        the batch (:meth:`of`), the cost counts in :attr:`stall_s` (a generation the engine
+        then failed to start never does)."""
+        self._priced[task_id] = run_cost_s
 
     def _reset(self) -> None:
         self.generations: list[Generation] = []
@@ -445,6 +464,9 @@ class BatchColumns:
             added = list(ctx.running)
         elif not added:
             return self
+        if self._priced:
+            for g in added:
+                self.stall_s += self._priced.pop(g.task_id, 0.0)
         start = len(self.generations)
         if len(added) >= _ROWS_AT_ONCE:
             self._add_rows(added, ctx)
@@ -620,7 +642,8 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
                    max_batch=replica.max_num_seqs, batch_columns=None, decode_steps=None)
 
 
-def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
+def latency_guided(candidate: Generation, ctx: AdmissionContext,
+                   round_stall: float | None = None) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -638,9 +661,15 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     finished its segment: the candidate's own lateness meanwhile, and the lost queued goals
     that could join now (:func:`queue_loss_rate`).
 
+    With ``round_stall`` k (module docstring), a less urgent candidate is also refused once
+    the round's joins so far and its own run cost would stall the batch longer than k times
+    the most urgent running generation's remaining segment time at the present step.
+
     Args:
         candidate: the best queued generation.
-        ctx: the admission context (the lost queued goals: its :class:`LostTally`).
+        ctx: the admission context (the lost queued goals: its :class:`LostTally`; the
+            round's stall so far: its :class:`BatchColumns`).
+        round_stall: the round stall budget k, or None for none (the paper's test).
     """
     cohort = ctx.engine.cohort(candidate.task_id)
     if cohort is not None:
@@ -653,17 +682,27 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext) -> bool:
     tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
     if candidate_budget <= budget + tie:
+        if round_stall is not None:
+            batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id))
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
     decode_s = _decode_steps(ctx)
     remaining = batch.most_urgent_remaining     # the most urgent one's WCET: as wcet_s
     recent, scale_next = _step_scale(size + 1, ctx, decode_s)
-    if budget > 0:
-        return extra + remaining * recent * scale_next <= budget
     scale_now = _step_scale(size, ctx, decode_s)[1]
     wait = remaining * recent * scale_now
-    gain = wait * queue_loss_rate(ctx)
-    if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
-        gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
-    return _delay_cost_at_most(gain, extra, batch, recent * scale_now, recent * scale_next)
+    if (round_stall is not None and batch.stall_s > 0.0
+            and batch.stall_s + extra > round_stall * wait):
+        return False
+    if budget > 0:
+        admit = extra + remaining * recent * scale_next <= budget
+    else:
+        gain = wait * queue_loss_rate(ctx)
+        if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
+            gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
+        admit = _delay_cost_at_most(gain, extra, batch, recent * scale_now,
+                                    recent * scale_next)
+    if admit and round_stall is not None:
+        batch.price(candidate.task_id, extra)
+    return admit

@@ -42,13 +42,19 @@ class TimelyLlmPolicy(Policy):
         stranded_share: the share of the admission order stranded goals take (``'share'``).
         stranded_plan_tokens: the KV tokens a promoted stranded goal reserves beyond its
             prompt for the plan it will generate (``'share'``).
+        round_stall: the round stall budget of the latency test
+            (:func:`~timelyllm_ros.core.admission.latency_guided`): once a decision has
+            admitted a join, a less urgent candidate joins only while the decision's joins
+            stall the batch for at most this many times the most urgent running
+            generation's remaining segment time; None (default): the paper's test alone.
     """
 
     name = 'timelyllm'
     description = 'segmented, PUD priority (Eq. 4), latency-guided batch size'
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
-                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256) -> None:
+                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
+                 round_stall: float | None = None) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES)):
             if value not in choices:
@@ -58,10 +64,13 @@ class TimelyLlmPolicy(Policy):
             raise PolicyError(f'stranded_share must be within (0, 1), got {stranded_share}')
         if stranded_plan_tokens < 0:
             raise PolicyError(f'stranded_plan_tokens must be >= 0, got {stranded_plan_tokens}')
+        if round_stall is not None and not round_stall > 0.0:   # NaN too
+            raise PolicyError(f'round_stall must be > 0 or None, got {round_stall}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
         self.stranded_share = stranded_share
         self.stranded_plan_tokens = stranded_plan_tokens
+        self.round_stall = round_stall
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -120,25 +129,31 @@ class TimelyLlmPolicy(Policy):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
-        return fits(candidate, ctx) and latency_guided(candidate, ctx)
+        return fits(candidate, ctx) and latency_guided(candidate, ctx, self.round_stall)
 
 
 class TimelyLlmSharePolicy(TimelyLlmPolicy):
-    """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``).
+    """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``) and a
+    round stall budget (``round_stall=1``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
     on the authors' arm workload in the paper's setup). Here such goals, the one that has
     lost most first, take every other place of Eq. 4's order, as many as join without
-    harming a plan under way. Where no goal is stranded it decides as ``timelyllm`` does.
+    harming a plan under way. A decision's joins stall the batch for at most the most urgent
+    running generation's remaining segment time (measured in the README). Where no goal is
+    stranded and no decision reaches that budget it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
-    description = 'timelyllm, with goals stranded before their first segment sharing admission'
+    description = ('timelyllm, with goals stranded before their first segment sharing '
+                   "admission and a bound on a decision's prefill stall")
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
-                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256) -> None:
-        super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens)
+                 stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
+                 round_stall: float | None = 1.0) -> None:
+        super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
+                         round_stall)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
