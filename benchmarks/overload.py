@@ -47,6 +47,7 @@ from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
 from timelyllm_ros.evaluation.workloads import DEFAULT_BURST_S, overload_tasks
 from timelyllm_ros.policies import FLEET_POLICY
+from timelyllm_ros.safe_files import int_arg
 
 DEFAULT_POLICIES = ('vllm', 'timelyllm', FLEET_POLICY)
 
@@ -244,12 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument('--batch-mode', choices=BATCH_MODES, default='latency-guided',
                         help="TimelyLLM's admission: latency-guided (§4.4) or fixed (batch cap "
                              'and memory only)')
-    parser.add_argument('--repeats', type=int, default=1,
+    parser.add_argument('--repeats', type=int_arg(1), default=1,
                         help='rounds of every policy, in turn; the decide figures pool them')
     parser.add_argument('--json', action='store_true', help='print the figures as JSON')
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f'--repeats must be >= 1, got {args.repeats}')
     report = run_overload(args.robots, args.seed,
                           policies=[p for p in args.policies.split(',') if p],
                           burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
