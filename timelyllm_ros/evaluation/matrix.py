@@ -52,6 +52,11 @@ time"."""
 Verdict = Literal['ahead', 'level', 'behind']
 
 
+def _best_of(figure: str) -> Callable[..., Any]:
+    """``min`` for a figure where lower is better (a response time), else ``max``."""
+    return min if figure in LOWER_IS_BETTER else max
+
+
 def _figure(policy_summary: dict[str, Any], group: str, key: str) -> float:
     block = (policy_summary['overall'] if group == 'overall'
              else policy_summary['by_class'].get(group, policy_summary['overall']))
@@ -115,8 +120,7 @@ def standing(matrix: dict[str, Any], policy: str,
                           if policies[p][figure]['mean'] is not None]
                 if own['mean'] is None or not rivals:
                     continue
-                pick = min if figure in LOWER_IS_BETTER else max
-                best, spread = pick(rivals, key=lambda item: item[1]['mean'])
+                best, spread = _best_of(figure)(rivals, key=lambda item: item[1]['mean'])
                 outcome = verdict(own['mean'], own['sd'] or 0.0, spread['mean'],
                                   spread['sd'] or 0.0, figure, response_margin)
                 row[figure] = {'verdict': outcome, 'best': best,
@@ -196,7 +200,7 @@ def matrix_table(matrix: dict[str, Any]) -> str:
                 means = [p[figure]['mean'] for p in policies.values()
                          if p[figure]['mean'] is not None]
                 if means:
-                    best[figure] = min(means) if figure in LOWER_IS_BETTER else max(means)
+                    best[figure] = _best_of(figure)(means)
             for policy, figures in policies.items():
                 cells = []
                 for figure in names:
