@@ -7,8 +7,11 @@ Run in a ROS 2 workspace where this package is built, beside a planner::
 
 The client sends every goal at once, then plays every robot: each segment that arrives as
 feedback is reported done at once (a default-QoS publisher). It prints how many goals were
-answered, how many ended and how, and the time to the last result: what a user's client with
-rclpy's defaults (10 responses and 10 feedback messages kept) sees under a burst, and how the
+answered and how soon, which ones never were (in the order sent: the first ones are requests
+sent before the planner's middleware matched the new client, scattered ones are answers the
+client's reader dropped), how many ended and how, and the time to the last result: what a
+user's client with rclpy's defaults (10 requests, 10 responses and 10 feedback messages kept)
+sees under a burst, and how the
 planner loop kept up with its engine (``scheduler_state``: the engine's share of the loop's wall
 time and the longest it waited for one iteration; a pool engine's replicas, up or down).
 """
@@ -32,6 +35,17 @@ from timelyllm_ros.nodes import convert
 TASK = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 
 
+def spans(indices: list[int]) -> str:
+    """Sorted indices as ranges, e.g. ``0-12, 40``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ', '.join(f'{a}-{b}' if b > a else f'{a}' for a, b in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--goals', type=int, default=200)
@@ -53,6 +67,8 @@ def main() -> None:
     if not client.wait_for_server(timeout_sec=30.0):
         raise SystemExit(f'no planner serves {args.action}')
     answered: dict[int, object] = {}
+    answer_s: dict[int, float] = {}        # send -> answer, per goal
+    sent_at: dict[int, float] = {}
     results: dict[int, object] = {}
     feedback_goals: set[int] = set()
 
@@ -70,6 +86,7 @@ def main() -> None:
 
     def on_answer(i: int):  # type: ignore[no-untyped-def]
         def keep(future) -> None:  # type: ignore[no-untyped-def]
+            answer_s[i] = time.monotonic() - sent_at[i]
             answered[i] = handle = future.result()
             if handle.accepted:
                 handle.get_result_async().add_done_callback(
@@ -81,6 +98,7 @@ def main() -> None:
         robot = f'burst_{i}'
         goal = PlanTask.Goal(robot_id=robot, robot_kind='tello', task=TASK, urgency='normal',
                              wait_for_execution=True)
+        sent_at[i] = time.monotonic()
         client.send_goal_async(goal, feedback_callback=on_feedback(i, robot)
                                ).add_done_callback(on_answer(i))
     executor = SingleThreadedExecutor()
@@ -100,6 +118,12 @@ def main() -> None:
           f'{args.timeout:.0f} s {args.goals - len(results)}')
     for outcome, count in outcomes.most_common():
         print(f'  {count:5d}  {outcome}')
+    if answer_s:
+        waits = sorted(answer_s.values())
+        print(f'answers after {waits[len(waits) // 2]:.2f} s (median), {waits[-1]:.2f} s (last)')
+    unanswered = [i for i in range(args.goals) if i not in answered]
+    if unanswered:
+        print(f'never answered, in the order sent (from 0): {spans(unanswered)}')
     for _ in range(10):                      # the planner's state after the last result
         executor.spin_once(timeout_sec=0.1)
     if latest_state:
