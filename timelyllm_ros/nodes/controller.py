@@ -15,6 +15,9 @@ The queue is kept in a journal file (:mod:`task_journal`, under ``state_dir``): 
 killed and started again takes up its waiting tasks (those younger than ``resume_within_s``)
 and has the planner end its lost active goal with a result; a controller whose planner left
 reports the active task failed with a ``PlanResult`` and a ``TaskRecord`` of what it ran.
+A plan goal the planner has not answered within ``answer_within_s`` is sent again (a request
+or its answer can be lost in the middleware: the planner left, or had not matched this node
+yet); an answer to the first that comes after all cancels that goal.
 The robot's own names are relative (``task``, ``plan_results``); the planner's (the ``plan``
 action, ``segment_done``, ``skill_executions``) are the fleet's, the namespace above the
 robot's (:func:`fleet_name`: ``/drone_0`` -> ``/plan``, ``/fleet_a/drone_0`` ->
@@ -80,6 +83,12 @@ _ENDED = (GoalStatus.STATUS_SUCCEEDED, GoalStatus.STATUS_CANCELED, GoalStatus.ST
 PLANNER_WATCH_S = 1.0
 """How often a controller checks that its planner is up (s)."""
 
+ANSWER_WITHIN_S = 15.0
+"""Default of ``answer_within_s``: how long a controller waits for the planner to answer a
+plan goal before it sends the goal again (s). Above the planner's paced answers to the most
+goals it takes at once (1,024, one answer per 10 ms: 10.2 s), so a fleet's burst is not sent
+twice; a goal that never reached the planner costs its robot this long, not forever."""
+
 
 class RobotControllerNode(Node):
     """Wires one robot backend to the planner's action server and the report topics."""
@@ -113,6 +122,8 @@ class RobotControllerNode(Node):
         self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
         self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
         self._sent: tuple | None = None   # (future, planner endpoints, task) not answered
+        self._sent_lock = threading.Lock()    # the answer and a resend of one request
+        self._asked_s = 0.0                  # when that request was sent (monotonic s)
         self._segment_done_topic = fleet_name(fleet, 'segment_done')
         self.done_pub = self.create_publisher(SegmentDone, self._segment_done_topic,
                                               reliable(ACTION_QUEUE_DEPTH))
@@ -269,24 +280,37 @@ class RobotControllerNode(Node):
                                    self.get_parameter('urgency').value, PlanTask.Goal,
                                    TimeUtility)
         future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
+        self._asked_s = time.monotonic()
         self._sent = (future, self._planner_endpoints(), kept)
         future.add_done_callback(self.goal_response_callback)
 
     def watch_planner(self) -> None:
-        """Send a waiting task once a planner is up; end the active task when the planner
-        left while serving it (killed, crashed, restarted: its goal is gone with it)."""
+        """Send a waiting task once a planner is up; send a goal again that its planner did
+        not answer (it left, or the request never reached it); end the active task when the
+        planner left while serving it (killed, crashed, restarted: its goal is gone with it)."""
         ready = self.plan_client.server_is_ready()
         if self._lost_goals and ready:
             self._report_lost_goals()
         sent = self._sent
-        if sent is not None and sent[1] and not (sent[1] & self._planner_endpoints()):
-            # Sent to a planner that died before answering (a killed planner still looks
-            # ready until its DDS lease ends): the request died with it; send it again.
-            self._sent = None
-            self.get_logger().warning(f'{self.robot_id}: the planner left before answering '
-                                      f'task {self._label(sent[2])}: sending it again')
-            self._start(sent[2], self._queued_s)
-            return
+        if sent is not None:
+            if sent[1] and not (sent[1] & self._planner_endpoints()):
+                # Sent to a planner that died before answering (a killed planner still looks
+                # ready until its DDS lease ends): the request died with it.
+                why = 'the planner left before answering'
+            elif time.monotonic() - self._asked_s > self.get_parameter('answer_within_s').value:
+                # A request that reaches the planner before the planner's middleware has
+                # discovered this node is dropped there (Cyclone DDS treats it as history a
+                # new volatile reader skips): a controller that sends its first goal just
+                # after it found the planner can lose it, more likely on a busy machine.
+                why = (f'the planner did not answer within '
+                       f'{self.get_parameter("answer_within_s").value:g} s')
+            else:
+                why = ''
+            if why and self._give_up_answer(sent):
+                self.get_logger().warning(f'{self.robot_id}: {why} for task '
+                                          f'{self._label(sent[2])}: sending it again')
+                self._start(sent[2], self._queued_s)
+                return
         if self._unsent is not None and ready:
             self.get_logger().info(f'{self.robot_id}: a planner is up: sending task '
                                    f'{self._label(self._unsent)}')
@@ -364,13 +388,24 @@ class RobotControllerNode(Node):
                 f'{started.queued_s:.2f} s in the queue ({self.tasks.waiting} still waiting)')
             self._start(started.item, started.queued_s)
 
+    def _give_up_answer(self, sent: tuple) -> bool:
+        """Stop waiting for the answer to ``sent``, unless it was answered meanwhile."""
+        with self._sent_lock:
+            if self._sent is not sent:
+                return False
+            self._sent = None
+            return True
+
     def goal_response_callback(self, future) -> None:  # type: ignore[no-untyped-def]
         handle = future.result()
-        if self._sent is None or self._sent[0] is not future:
+        with self._sent_lock:
+            awaited = self._sent is not None and self._sent[0] is future
+            if awaited:
+                self._sent = None
+        if not awaited:
             if handle.accepted:     # a request given up for lost was answered after all
                 handle.cancel_goal_async()
             return
-        self._sent = None
         kept = self.tasks.active
         task_id = kept.request.task_id if kept is not None else ''
         if not handle.accepted:
@@ -524,6 +559,10 @@ def controller_parameters(robot_id: str, default_kind: str
                                "namespace above the robot's)", STR)),
         ('state_dir', '', describe('folder of the task journal (empty: $ROS_HOME/timelyllm, '
                                    '~/.ros/timelyllm by default)', STR)),
+        ('answer_within_s', ANSWER_WITHIN_S, describe(
+            'a plan goal the planner has not answered this long after it was sent is sent '
+            'again (an answer to the first that comes later cancels that goal)', FLOAT,
+            floating=(0.1, 3600.0), read_only=False)),
         ('resume_within_s', 60.0, describe(
             "a restarted controller takes up the journal's tasks that arrived at most this "
             'long ago; older ones end failed', FLOAT, floating=(0.0, 86400.0))),
