@@ -470,3 +470,38 @@ def test_a_robot_failure_ends_the_goal_failed_with_the_robots_reason(fleet):
     assert response.status == 6                                     # aborted, not canceled
     assert convert.outcome_of(response.status, response.result) == 'failed'
     assert "skill 'scan' is not supported" in response.result.error
+
+
+def test_two_planners_serving_one_action_each_name_the_other(fleet, monkeypatch):
+    """Every goal request reaches every server of the action: a second planner on the same
+    name is reported by each (an error naming it), after the grace a killed one's lease
+    needs, and forgotten once it withdrew."""
+    from timelyllm_ros.nodes import planner as planner_module
+    monkeypatch.setattr(planner_module, 'RIVAL_WATCH_S', 0.2)
+    monkeypatch.setattr(planner_module, 'RIVAL_GRACE_S', 1.0)
+    first = active_planner(namespace='rival')
+    second = PlannerNode(namespace='rival', cli_args=['--ros-args', '-r', '__node:=planner_b'])
+    executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
+    for node in (first, second):
+        executor.add_node(node)
+    threading.Thread(target=executor.spin, daemon=True).start()
+    try:
+        time.sleep(2.0)                     # longer than the grace: alone, nothing to say
+        assert first.rivals == []
+        assert second.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert second.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        deadline = time.monotonic() + 20
+        while not (first.rivals and second.rivals):
+            assert time.monotonic() < deadline, (first.rivals, second.rivals)
+            time.sleep(0.05)
+        assert first.rivals == ['/rival/planner_b']
+        assert second.rivals == ['/rival/planner']
+        assert second.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+        deadline = time.monotonic() + 20
+        while first.rivals:
+            assert time.monotonic() < deadline, first.rivals
+            time.sleep(0.05)
+    finally:
+        executor.shutdown()
+        first.destroy_node()
+        second.destroy_node()

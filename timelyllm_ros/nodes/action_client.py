@@ -25,6 +25,9 @@ from typing import Any
 from rclpy.action import ActionClient
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 
+PLAN_ACTION = 'plan'
+"""The name of the planner's PlanTask action in its fleet's namespace."""
+
 ACTION_QUEUE_DEPTH = 4096
 """Requests, responses and feedback messages of the action queued per endpoint: more than the
 goals a fleet sends at once (a burst beyond it would be dropped by the middleware)."""

@@ -62,7 +62,12 @@ from timelyllm_ros.msg import (
 )
 from timelyllm_ros.nodes import convert
 from timelyllm_ros.nodes._tasks import TaskQueue
-from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, SafeActionClient, reliable
+from timelyllm_ros.nodes.action_client import (
+    ACTION_QUEUE_DEPTH,
+    PLAN_ACTION,
+    SafeActionClient,
+    reliable,
+)
 from timelyllm_ros.nodes.node_clock import NodeClock
 from timelyllm_ros.nodes.parameters import FLOAT, INT, STR, describe, refuse_outside_choices
 from timelyllm_ros.nodes.spin import spin_until_shutdown
@@ -518,10 +523,6 @@ class RobotControllerNode(Node):
         self._save_journal()
         self.robot.close()
         super().destroy_node()
-
-
-PLAN_ACTION = 'plan'
-"""The name of the planner's PlanTask action in its fleet's namespace."""
 
 
 def fleet_name(namespace: str, name: str) -> str:

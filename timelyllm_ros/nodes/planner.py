@@ -45,7 +45,12 @@ from timelyllm_ros.msg import (
     TimeUtility,
 )
 from timelyllm_ros.nodes import convert
-from timelyllm_ros.nodes.action_client import ACTION_QUEUE_DEPTH, action_qos, reliable
+from timelyllm_ros.nodes.action_client import (
+    ACTION_QUEUE_DEPTH,
+    PLAN_ACTION,
+    action_qos,
+    reliable,
+)
 from timelyllm_ros.nodes.node_clock import NodeClock
 from timelyllm_ros.nodes.parameters import (
     BOOL,
@@ -98,6 +103,8 @@ class PlannerNode(LifecycleNode):
         self._answers = threading.Lock()       # paces goal responses (goal_callback)
         self._answer_tokens = float(ANSWER_BURST)
         self._answered_at = time.monotonic()
+        self._rivals_since: float | None = None   # another server of the action seen since
+        self.rivals: list[str] = []            # the nodes reported serving the action too
 
     def _guarded_change_state(self, transition_id: int) -> TransitionCallbackReturn:
         """Take a lifecycle transition, refusing with a warning one the current state does not
@@ -153,7 +160,9 @@ class PlannerNode(LifecycleNode):
             (self.destroy_timer, self.create_timer(
                 param('state_period_s').value, self.publish_state, callback_group=group)),
             (self.destroy_timer, self.create_timer(
-                CONTROLLER_WATCH_S, self.watch_controllers, callback_group=group))]
+                CONTROLLER_WATCH_S, self.watch_controllers, callback_group=group)),
+            (self.destroy_timer, self.create_timer(
+                RIVAL_WATCH_S, self.watch_rivals, callback_group=group))]
         self.get_logger().info(f"planner configured: engine {param('engine').value}, "
                                f"policy {param('policy').value}")
         return TransitionCallbackReturn.SUCCESS
@@ -164,7 +173,7 @@ class PlannerNode(LifecycleNode):
         self.service.start()
         self._accepting = True
         self.action_server = ActionServer(
-            self, PlanTask, 'plan', execute_callback=self.execute_callback,
+            self, PlanTask, PLAN_ACTION, execute_callback=self.execute_callback,
             goal_callback=self.goal_callback,
             cancel_callback=self.cancel_callback, callback_group=self._group,
             **action_server_qos())
@@ -498,6 +507,37 @@ class PlannerNode(LifecycleNode):
             self.service.fail(task_id, msg.error or f'the controller of {msg.robot_id} '
                                                     'lost the goal')
 
+    def watch_rivals(self) -> None:
+        """Log an error, naming them, while other nodes offer this planner's ``plan``
+        action too (for longer than a killed process's DDS lease): each of them receives every
+        goal request, so two planners both serve every goal and stream two plans to its
+        robot (a planner left running by a killed ``ros2 run`` wrapper, a second launch).
+        Said once per appearance; :attr:`rivals` holds the nodes named."""
+        service = self.resolve_service_name(PLAN_ACTION + SEND_GOAL_SUFFIX)
+        if self.action_server is None or self.count_services(service) <= 1:
+            self._rivals_since, self.rivals = None, []
+            return
+        now = time.monotonic()
+        if self._rivals_since is None:
+            self._rivals_since = now
+        if self.rivals or now - self._rivals_since < RIVAL_GRACE_S:
+            return
+        me = (self.get_name(), self.get_namespace())
+        servers = [(name, namespace) for name, namespace in self.get_node_names_and_namespaces()
+                   if any(found == service for found, _ in
+                          self.get_service_names_and_types_by_node(name, namespace))]
+        others = [_full_name(node) for node in servers if node != me]
+        twins = servers.count(me) - 1           # a stale copy of this node has its name
+        if twins > 0:
+            others.append(f'{twins} other node{"s" if twins > 1 else ""} named '
+                          f'{_full_name(me)} as this one')
+        self.rivals = others or ['a server of no node found in the graph']
+        self.get_logger().error(
+            f'{", ".join(self.rivals)} also serve{"s" if len(self.rivals) == 1 else ""} '
+            f'the plan action '
+            f'({service.removesuffix(SEND_GOAL_SUFFIX)}): every goal reaches each of them and '
+            'each streams its own plan to the robot; stop all but one planner')
+
     def publish_state(self) -> None:
         if self.service is None:
             return
@@ -658,6 +698,16 @@ goal reports it."""
 CONTROLLER_WATCH_S = 1.0
 """How often the planner looks for controllers that left the ROS graph (s)."""
 
+SEND_GOAL_SUFFIX = '/_action/send_goal'    # the action's goal service, one per server
+
+RIVAL_WATCH_S = 5.0
+"""How often the planner looks for other servers of its action (s)."""
+
+RIVAL_GRACE_S = 15.0
+"""How long another server must have been seen before the planner reports it (s): a killed
+planner's server stays in the graph until its DDS lease ends (about 8 s here), and a planner
+restarted at once must not report its own predecessor."""
+
 ANSWER_BURST = 4
 """Goal responses sent at once before the planner paces them."""
 
@@ -680,6 +730,12 @@ with the reason, never left unanswered."""
 EXECUTOR_THREADS = MAX_ACTIVE_GOALS + 16
 """Each active goal's execute callback sleeps on its own thread between events; the rest run
 the short callbacks (goal checks, reports, cancels, timers). Threads start on demand."""
+
+
+def _full_name(node: tuple[str, str]) -> str:
+    """``/namespace/name`` of a ``(name, namespace)`` pair from the ROS graph."""
+    name, namespace = node
+    return f'{namespace.rstrip("/")}/{name}'
 
 
 def main(args: list[str] | None = None) -> None:
