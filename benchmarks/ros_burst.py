@@ -11,9 +11,9 @@ answered and how soon, which ones never were (in the order sent: the first ones 
 sent before the planner's middleware matched the new client, scattered ones are answers the
 client's reader dropped), how many ended and how, and the time to the last result: what a
 user's client with rclpy's defaults (10 requests, 10 responses and 10 feedback messages kept)
-sees under a burst, and how the
-planner loop kept up with its engine (``scheduler_state``: the engine's share of the loop's wall
-time and the longest it waited for one iteration; a pool engine's replicas, up or down).
+sees under a burst, and how the planner loop kept up with its engine (``scheduler_state``: the
+engine's share of the loop's wall time and the longest it waited for one iteration; a pool
+engine's replicas, up or down).
 """
 
 from __future__ import annotations

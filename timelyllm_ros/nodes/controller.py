@@ -303,10 +303,10 @@ class RobotControllerNode(Node):
                 # ready until its DDS lease ends): the request died with it.
                 why = 'the planner left before answering'
             elif time.monotonic() - self._asked_s > self.get_parameter('answer_within_s').value:
-                # A request that reaches the planner before the planner's middleware has
-                # discovered this node is dropped there (Cyclone DDS treats it as history a
-                # new volatile reader skips): a controller that sends its first goal just
-                # after it found the planner can lose it, more likely on a busy machine.
+                # The planner is there, but the request or its answer was lost on the way
+                # (rmw_cyclonedds drops a response its service has not matched a reader for
+                # within 100 ms; a client's requests sent before the planner matched it can
+                # go, README): waiting on would leave the robot idle for good.
                 why = (f'the planner did not answer within '
                        f'{self.get_parameter("answer_within_s").value:g} s')
             else:
