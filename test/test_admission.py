@@ -295,6 +295,46 @@ def test_a_lost_candidate_joins_a_batch_whose_most_urgent_is_late() -> None:
     assert latency_guided(old, _late_ctx(engine, [urgent], [old], max_batch=8))
 
 
+def test_a_waiting_weight_counts_a_candidates_wait_within_its_slack() -> None:
+    """``waiting_weight`` ρ: once the most urgent running generation is late, the loss test
+    also counts the candidate's wait within its slack, at ρ × its slope."""
+    engine = _engine()
+    late = _add(engine, 'u', 10, task_class='urgent', arrival=-0.3, segment_tokens=2,
+                run=True)                        # budget -0.158 s: late, 8 tokens left
+    fresh = _add(engine, 'f', 100, task_class='urgent')   # 0.01 s of prefill
+    ctx = _late_ctx(engine, [late], [fresh], max_batch=8)
+    assert budget_s(fresh, ctx) == pytest.approx(0.142)   # 0 + 0.2 - 0.05 - 0.008
+    # its join: the late one's WCET 8 × 0.020 = 0.16 s -> 0.01 + 8 × 0.030 = 0.25 s, 0.09 s
+    # more past its deadline at -α = 20/3 per s
+    assert delay_cost(0.01, ctx) == pytest.approx(0.6)
+    # waiting out the late one's 0.16 s: 0.018 s past its own deadline, 0.12 (the paper's
+    # test); the 0.142 s within its slack add ρ × 0.947
+    assert not latency_guided(fresh, ctx)
+    assert not latency_guided(fresh, ctx, waiting_weight=0.25)     # 0.12 + 0.237 < 0.6
+    assert latency_guided(fresh, ctx, waiting_weight=1.0)          # 0.12 + 0.947 >= 0.6
+    # a costlier join still waits: 0.1 + 8 × 0.030 = 0.34 s, 0.18 s past: 1.2 > 1.067
+    costly = _add(engine, 'c', 1000, task_class='urgent')
+    assert not latency_guided(costly, ctx, waiting_weight=1.0)
+    # with the most urgent one on time, the deadline test alone decides, whatever ρ
+    on_time = _add(engine, 'o', 10, task_class='urgent', segment_tokens=2, run=True)
+    relaxed = _add(engine, 'r', 1000)                 # normal: budget 0.942 s
+    ctx = _late_ctx(engine, [on_time], [relaxed], max_batch=8)
+    assert budget_s(on_time, ctx) > 0
+    assert latency_guided(relaxed, ctx) == latency_guided(relaxed, ctx, waiting_weight=1.0)
+    # the policies: the fleet's default weighs waits, the paper's test does not
+    assert create_policy('timelyllm-share').waiting_weight == 1.0
+    assert create_policy('timelyllm').waiting_weight == 0.0
+
+
+@pytest.mark.parametrize('value', [-0.5, math.nan, math.inf])
+def test_waiting_weight_must_be_finite_and_not_negative(value: float) -> None:
+    from timelyllm_ros.errors import PolicyError
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    with pytest.raises(PolicyError, match='waiting_weight must be finite and >= 0'):
+        TimelyLlmPolicy(waiting_weight=value)
+
+
 def _queued_scheduler(goals: int, arrival_gap_s: float) -> Scheduler:
     """A timelyllm scheduler with ``goals`` queued, every third normal, the rest urgent."""
     scheduler = Scheduler(create_policy('timelyllm'), _engine(max_num_seqs=64), SimClock(),

@@ -37,6 +37,14 @@ regime, where each prefill is a whole prompt). With a round stall budget
 candidate joins only while the run costs of the round's joins stay within ``k`` times the
 most urgent running generation's remaining segment time (:class:`BatchColumns` keeps the
 sum).
+
+The loss test weighs a waiting candidate's own loss only past its deadline: a candidate with
+slack loses nothing by waiting, so any delay cost to a late running generation refuses it.
+But once the batch's most urgent generation is late, refusing defers the join rather than
+avoiding it (the batch it joins later is as late), while the wait uses up the candidate's
+slack and lengthens its response. With a waiting weight ρ
+(``latency_guided(..., waiting_weight=ρ)``) the loss test also counts the part of the wait
+within the candidate's slack, at ρ times its slope α (ρ = 1: as if its deadline were now).
 """
 
 from __future__ import annotations
@@ -643,7 +651,7 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
-                   round_stall: float | None = None) -> bool:
+                   round_stall: float | None = None, waiting_weight: float = 0.0) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -665,11 +673,15 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     the round's joins so far and its own run cost would stall the batch longer than k times
     the most urgent running generation's remaining segment time at the present step.
 
+    With ``waiting_weight`` ρ (module docstring), the loss test counts the candidate's wait
+    within its slack too, at ρ·(−α) per second, beside its lateness past its deadline.
+
     Args:
         candidate: the best queued generation.
         ctx: the admission context (the lost queued goals: its :class:`LostTally`; the
             round's stall so far: its :class:`BatchColumns`).
         round_stall: the round stall budget k, or None for none (the paper's test).
+        waiting_weight: the waiting weight ρ ≥ 0 of the loss test (0: the paper's test).
     """
     cohort = ctx.engine.cohort(candidate.task_id)
     if cohort is not None:
@@ -700,7 +712,10 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     else:
         gain = wait * queue_loss_rate(ctx)
         if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
-            gain -= candidate.spec.tuf.alpha * max(0.0, wait - max(candidate_budget, 0.0))
+            slack = max(candidate_budget, 0.0)
+            gain -= candidate.spec.tuf.alpha * max(0.0, wait - slack)
+            if waiting_weight:
+                gain -= waiting_weight * candidate.spec.tuf.alpha * min(wait, slack)
         admit = _delay_cost_at_most(gain, extra, batch, recent * scale_now,
                                     recent * scale_next)
     if admit and round_stall is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -47,6 +49,11 @@ class TimelyLlmPolicy(Policy):
             admitted a join, a less urgent candidate joins only while the decision's joins
             stall the batch for at most this many times the most urgent running
             generation's remaining segment time; None (default): the paper's test alone.
+        waiting_weight: the latency test's waiting weight ρ ≥ 0
+            (:func:`~timelyllm_ros.core.admission.latency_guided`): once the most urgent
+            running generation is late, a waiting candidate's wait within its slack counts
+            at ρ times its TUF slope against the delay its join causes; 0 (default): the
+            paper's test, where waiting with slack costs nothing.
     """
 
     name = 'timelyllm'
@@ -54,7 +61,7 @@ class TimelyLlmPolicy(Policy):
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
-                 round_stall: float | None = None) -> None:
+                 round_stall: float | None = None, waiting_weight: float = 0.0) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES)):
             if value not in choices:
@@ -66,11 +73,14 @@ class TimelyLlmPolicy(Policy):
             raise PolicyError(f'stranded_plan_tokens must be >= 0, got {stranded_plan_tokens}')
         if round_stall is not None and not round_stall > 0.0:   # NaN too
             raise PolicyError(f'round_stall must be > 0 or None, got {round_stall}')
+        if not (math.isfinite(waiting_weight) and waiting_weight >= 0.0):
+            raise PolicyError(f'waiting_weight must be finite and >= 0, got {waiting_weight}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
         self.stranded_share = stranded_share
         self.stranded_plan_tokens = stranded_plan_tokens
         self.round_stall = round_stall
+        self.waiting_weight = waiting_weight
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -129,31 +139,35 @@ class TimelyLlmPolicy(Policy):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
-        return fits(candidate, ctx) and latency_guided(candidate, ctx, self.round_stall)
+        return fits(candidate, ctx) and latency_guided(candidate, ctx, self.round_stall,
+                                                       self.waiting_weight)
 
 
 class TimelyLlmSharePolicy(TimelyLlmPolicy):
-    """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``) and a
-    round stall budget (``round_stall=1``).
+    """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``), a
+    round stall budget (``round_stall=1``) and a waiting weight (``waiting_weight=1``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
     on the authors' arm workload in the paper's setup). Here such goals, the one that has
     lost most first, take every other place of Eq. 4's order, as many as join without
     harming a plan under way. A decision's joins stall the batch for at most the most urgent
-    running generation's remaining segment time (measured in the README). Where no goal is
-    stranded and no decision reaches that budget it decides as ``timelyllm`` does.
+    running generation's remaining segment time, and once the most urgent one is late a
+    waiting candidate's wait counts at its TUF slope even within its slack (both measured in
+    the README). Where no goal is stranded, no decision reaches that budget and no running
+    generation is late it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
     description = ('timelyllm, with goals stranded before their first segment sharing '
-                   "admission and a bound on a decision's prefill stall")
+                   "admission, a bound on a decision's prefill stall and waits weighed "
+                   'once the batch is late')
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
-                 round_stall: float | None = 1.0) -> None:
+                 round_stall: float | None = 1.0, waiting_weight: float = 1.0) -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
-                         round_stall)
+                         round_stall, waiting_weight)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
