@@ -1,4 +1,5 @@
-"""Helpers of the ROS tests that start and kill nodes as processes."""
+"""Helpers of the ROS tests: a planner driven to active, nodes started and killed as processes,
+and waiting for a condition."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+Planner = TypeVar('Planner')   # a PlannerNode (or a subclass)
 
 
 def kill_group(process: subprocess.Popen) -> None:
@@ -15,6 +19,15 @@ def kill_group(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
+
+
+def activated(planner: Planner) -> Planner:
+    """A planner (a ``PlannerNode``) driven to active, as the launch file does."""
+    from rclpy.lifecycle import TransitionCallbackReturn  # imported by ROS tests only
+
+    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    return planner
 
 
 def until(condition: Callable[[], object], timeout_s: float, what: object) -> None:

@@ -29,8 +29,7 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
-from ros_helpers import kill_group, until  # noqa: E402
+from ros_helpers import activated, kill_group, until  # noqa: E402
 from timelyllm_ros.msg import PlanResult, Task  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
@@ -74,9 +73,7 @@ def fleet():
     initialized = not rclpy.ok()
     if initialized:
         rclpy.init()
-    planner = FirstAnswerLatePlanner(namespace=FLEET)
-    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
-    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    planner = activated(FirstAnswerLatePlanner(namespace=FLEET))
     probe = rclpy.create_node('controller_answer_probe')
     results: list = []
     probe.create_subscription(PlanResult, f'{FLEET}/{ROBOT}/plan_results', results.append, 10)

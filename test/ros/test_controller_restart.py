@@ -27,8 +27,7 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
-from ros_helpers import kill_group, until  # noqa: E402
+from ros_helpers import activated, kill_group, until  # noqa: E402
 from timelyllm_ros.msg import PlanResult, Segment, Task, TaskRecord  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
@@ -61,9 +60,7 @@ def fleet():
     initialized = not rclpy.ok()
     if initialized:
         rclpy.init()
-    planner = PlannerNode(namespace=FLEET)
-    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
-    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    planner = activated(PlannerNode(namespace=FLEET))
     probe = rclpy.create_node('controller_restart_probe')
     lock = threading.Lock()
     seen: dict[str, list] = {'results': [], 'records': [], 'segments': []}

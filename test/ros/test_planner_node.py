@@ -21,6 +21,7 @@ from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from ros_helpers import activated  # noqa: E402
 from timelyllm_ros.action import PlanTask  # noqa: E402
 from timelyllm_ros.msg import PlanRejection, SegmentDone, TimeUtility  # noqa: E402
 
@@ -35,10 +36,7 @@ CAT = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 
 def active_planner(**options) -> PlannerNode:  # type: ignore[no-untyped-def]
     """A planner driven to active, as the launch file does."""
-    planner = PlannerNode(**options)
-    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
-    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
-    return planner
+    return activated(PlannerNode(**options))
 
 
 def segments(events: list) -> list:

@@ -19,8 +19,8 @@ pytest.importorskip('timelyllm_ros.msg',
                     reason='interfaces not generated: colcon build this package first')
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
-from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
+from ros_helpers import activated  # noqa: E402
 from timelyllm_ros.msg import PlanResult, SegmentDone, Task, TimeUtility  # noqa: E402
 
 from lrtrace.nodes import LrtraceReplayerNode  # noqa: E402
@@ -79,9 +79,7 @@ class Probe:
 @pytest.fixture(scope='module')
 def fleet():
     rclpy.init()
-    planner = PlannerNode()
-    assert planner.trigger_configure() == TransitionCallbackReturn.SUCCESS
-    assert planner.trigger_activate() == TransitionCallbackReturn.SUCCESS
+    planner = activated(PlannerNode())
     robots = [controller(r, 8) for r in DRONES] + [controller(QUEUED, 2)]
     probe = Probe([*DRONES, QUEUED])
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
