@@ -126,9 +126,9 @@ class RobotControllerNode(Node):
                                             callback_group=group)
         self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
         self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
-        self._sent: tuple | None = None   # (future, planner endpoints, task) not answered
+        self._sent: tuple | None = None   # (future, planner endpoints, task, monotonic s when
+                                          # sent) not answered
         self._sent_lock = threading.Lock()    # the answer and a resend of one request
-        self._asked_s = 0.0                  # when that request was sent (monotonic s)
         self._segment_done_topic = fleet_name(fleet, 'segment_done')
         self.done_pub = self.create_publisher(SegmentDone, self._segment_done_topic,
                                               reliable(ACTION_QUEUE_DEPTH))
@@ -285,8 +285,7 @@ class RobotControllerNode(Node):
                                    self.get_parameter('urgency').value, PlanTask.Goal,
                                    TimeUtility)
         future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
-        self._asked_s = time.monotonic()
-        self._sent = (future, self._planner_endpoints(), kept)
+        self._sent = (future, self._planner_endpoints(), kept, time.monotonic())
         future.add_done_callback(self.goal_response_callback)
 
     def watch_planner(self) -> None:
@@ -298,17 +297,17 @@ class RobotControllerNode(Node):
             self._report_lost_goals()
         sent = self._sent
         if sent is not None:
+            answer_within_s = self.get_parameter('answer_within_s').value
             if sent[1] and not (sent[1] & self._planner_endpoints()):
                 # Sent to a planner that died before answering (a killed planner still looks
                 # ready until its DDS lease ends): the request died with it.
                 why = 'the planner left before answering'
-            elif time.monotonic() - self._asked_s > self.get_parameter('answer_within_s').value:
+            elif time.monotonic() - sent[3] > answer_within_s:
                 # The planner is there, but the request or its answer was lost on the way
                 # (rmw_cyclonedds drops a response its service has not matched a reader for
                 # within 100 ms; a client's requests sent before the planner matched it can
                 # go, README): waiting on would leave the robot idle for good.
-                why = (f'the planner did not answer within '
-                       f'{self.get_parameter("answer_within_s").value:g} s')
+                why = f'the planner did not answer within {answer_within_s:g} s'
             else:
                 why = ''
             if why and self._give_up_answer(sent):
