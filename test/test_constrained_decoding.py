@@ -305,12 +305,38 @@ def test_the_processor_chooses_the_same_tokens_masking_first_or_checking_first()
     assert steps == 11 and ends > 0 and masked > 0     # both rules were exercised
 
 
+def test_a_batchs_masks_from_the_thread_pool_are_each_grammars_own() -> None:
+    """``packed_masks`` (llguidance's thread pool, one and two threads) gives each row its
+    grammar's own mask, step by step along plans that differ, over a vocabulary of 258 tokens
+    (not a multiple of 32: the last word is partly padding)."""
+    pytest.importorskip('llguidance', reason='llguidance is not installed')
+    import numpy as np
+
+    from timelyllm_ros.engines.constraint import packed_masks
+
+    tokenizer, _ = _byte_grammars()
+    plans = [b"to();mf(100);?iv('cat')==True{g('cat')};ld()", b'mf(20);mf(35);ld()',
+             b"3{tc(90)};s('the red box')", b'to();mf(40);ld()']
+    for threads in (1, 2):
+        grammars = [tokenizer.grammar(GRAMMAR.gbnf) for _ in plans]
+        for step in range(max(len(plan) for plan in plans)):
+            live = [(grammar, plan) for grammar, plan in zip(grammars, plans, strict=True)
+                    if step < len(plan)]
+            masks = packed_masks([grammar for grammar, _ in live], threads=threads)
+            assert masks.shape == (len(live), 9)
+            for row, (grammar, plan) in enumerate(live):
+                own = grammar.packed_mask()
+                assert (masks[row] == own[:9]).all() and not own[9:].any()
+                assert np.unpackbits(masks[row].view(np.uint8), bitorder='little')[plan[step]]
+                grammar.accept(plan[step])
+
+
 def test_a_grammar_with_no_token_left_is_an_engine_error_on_either_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """llguidance always leaves end of text to a grammar that is done or broken, so a state
     that allows nothing is simulated: its masks come back empty."""
     torch = pytest.importorskip('torch', reason='torch is not installed')
-    import numpy as np
+    import llguidance.numpy
 
     from timelyllm_ros.engines.constraint import LlguidanceGrammar
     from timelyllm_ros.engines.vllm_engine import _checked_choices, _masked_choices
@@ -319,8 +345,8 @@ def test_a_grammar_with_no_token_left_is_an_engine_error_on_either_path(
     kept = KeptTokens(EngineRequest('r', '', 1, 64), prompt_ids=[],
                       grammar=tokenizer.grammar(GRAMMAR.gbnf))
     monkeypatch.setattr(LlguidanceGrammar, 'allows', lambda self, token: False)
-    monkeypatch.setattr(LlguidanceGrammar, 'packed_mask',
-                        lambda self: np.zeros(9, dtype=np.int32))
+    monkeypatch.setattr(llguidance.numpy, 'fill_next_token_bitmask_par',
+                        lambda executor, matchers, masks: None)     # masks left empty
     for choose in (_checked_choices, _masked_choices):
         with pytest.raises(EngineError, match='allows no token'):
             choose(torch.randn(1, 300), [(0, eos, kept)])

@@ -317,7 +317,7 @@ class _RowDecoder:
         if decoding is None:
             return
         tokenizer, self.eos = _DECODERS[decoding['engine']]
-        self.kept_ids = list(decoding['kept'])
+        self.output_ids = [int(t) for t in decoding['kept']]    # and the segment's so far
         self.penalty = float(decoding['repetition_penalty'])
         # the processor applies the penalty batch-wide (self.penalty), not unmasked_choice
         self.request = EngineRequest('', '', 1, int(decoding['max_tokens']),
@@ -325,7 +325,7 @@ class _RowDecoder:
         self.grammar = None
         if decoding.get('grammar'):
             self.grammar = tokenizer.grammar(decoding['grammar'])
-            self.grammar.replay(self.kept_ids)
+            self.grammar.replay(self.output_ids)
         self.fed = 0
 
     def __call__(self, output_ids: list[int], logits: Any) -> Any:   # vLLM's per-row form
@@ -336,13 +336,14 @@ class _RowDecoder:
         return self.forced[min(len(output_ids), len(self.forced) - 1)]
 
     def advance(self, output_ids: list[int]) -> KeptTokens:
-        """The generation so far, its grammar fed the segment's new ids."""
+        """The generation so far, its grammar fed the segment's new ids (the ids are
+        extended, not copied each step)."""
         new = [int(t) for t in output_ids[self.fed:]]
         if self.grammar is not None:
             self.grammar.replay(new)
         self.fed = len(output_ids)
-        return KeptTokens(self.request, prompt_ids=[],
-                          output_ids=self.kept_ids + [int(t) for t in output_ids],
+        self.output_ids.extend(new)
+        return KeptTokens(self.request, prompt_ids=[], output_ids=self.output_ids,
                           grammar=self.grammar)
 
 
