@@ -331,6 +331,39 @@ def test_a_batchs_masks_from_the_thread_pool_are_each_grammars_own() -> None:
                 grammar.accept(plan[step])
 
 
+def test_a_plan_rows_decoder_keeps_its_ids_and_their_distinct_set_step_by_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's processor keeps each plan row's ids (the kept ones, then the segment's) and the
+    distinct ones the penalty weighs, extended as vLLM's output ids grow, with no copy of the
+    plan per step; the penalty over the distinct ids is the penalty over the ids."""
+    pytest.importorskip('llguidance', reason='llguidance is not installed')
+    import numpy as np
+
+    from timelyllm_ros.engines import vllm_engine
+    from timelyllm_ros.engines.kept import penalize_rows
+
+    tokenizer, eos = _byte_grammars()
+    monkeypatch.setitem(vllm_engine._DECODERS, 'bytes', (tokenizer, eos))
+    kept = list(b'mf(20);')
+    decoder = vllm_engine._RowDecoder(decoding={
+        'engine': 'bytes', 'kept': kept, 'grammar': GRAMMAR.gbnf, 'max_tokens': 64,
+        'end_within': 0, 'repetition_penalty': 1.3})
+    segment: list[int] = []              # vLLM's output ids of this segment, as they grow
+    rng = np.random.default_rng(0)
+    for byte in b"mf(20);?iv('cat')==True{g('cat')}":
+        generation = decoder.advance(segment)
+        assert generation.output_ids == kept + segment
+        assert sorted(decoder.seen_ids.tolist()) == sorted(set(kept + segment))
+        logits = rng.normal(size=(2, 258)).astype(np.float32)
+        by_ids = logits.copy()
+        penalize_rows(by_ids, [1], [generation.output_ids], [1.3])
+        penalize_rows(logits, [1], [decoder.seen_ids], [1.3], distinct=True)
+        assert (logits == by_ids).all()
+        assert generation.grammar is not None and generation.grammar.allows(byte)
+        segment.append(byte)                 # advance() feeds it to the grammar
+    assert decoder.advance(segment).output_ids is decoder.advance(segment).output_ids
+
+
 def test_a_grammar_with_no_token_left_is_an_engine_error_on_either_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """llguidance always leaves end of text to a grammar that is done or broken, so a state

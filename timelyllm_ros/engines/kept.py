@@ -163,24 +163,27 @@ def penalize(row: Any, output_ids: Sequence[int], penalty: float) -> None:
 
 
 def penalize_rows(logits: Any, rows: Sequence[int], output_ids: Sequence[Sequence[int]],
-                  penalties: Sequence[float]) -> None:
+                  penalties: Sequence[float], distinct: bool = False) -> None:
     """CTRL's repetition penalty in place on rows of a batch's logits (a numpy array, or a
     torch tensor on its device: one gather and one scatter for all the rows): in row
     ``rows[i]``, the logits of the tokens in ``output_ids[i]``, positive ones divided by
-    ``penalties[i]``, the others multiplied."""
-    seen = [np.unique(np.asarray(ids, dtype=np.int64)) for ids in output_ids]
+    ``penalties[i]``, the others multiplied. ``distinct``: each row's ids are given once
+    each already (a caller that keeps them so spares the sort)."""
+    seen = [np.asarray(ids, dtype=np.int64) if distinct
+            else np.unique(np.asarray(ids, dtype=np.int64)) for ids in output_ids]
     counts = [len(tokens) for tokens in seen]
-    at_row = np.repeat(np.asarray(rows, dtype=np.int64), counts)
-    at_col = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
+    at = np.stack([np.repeat(np.asarray(rows, dtype=np.int64), counts),
+                   np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)])
     factor = np.repeat(np.asarray(penalties, dtype=np.float64), counts)
     if isinstance(logits, np.ndarray):
-        index: Any = (at_row, at_col)
+        index: Any = (at[0], at[1])
         factors: Any = factor.astype(logits.dtype)
         where: Any = np.where
     else:
         import torch
 
-        index = (to_device(at_row, logits.device), to_device(at_col, logits.device))
+        on_device = to_device(at, logits.device)      # one copy for both index rows
+        index = (on_device[0], on_device[1])
         factors = to_device(factor, logits.device).to(logits.dtype)
         where = torch.where
     values = logits[index]

@@ -140,11 +140,12 @@ def _forced_tokens_processor() -> type:
                       for index, decoder, output_ids in rows if decoder.forced is not None]
             planned = [(index, decoder, decoder.advance(output_ids))
                        for index, decoder, output_ids in rows if decoder.forced is None]
-            penalised = [(index, kept.output_ids, decoder.penalty)
+            penalised = [(index, decoder.seen_ids, decoder.penalty)
                          for index, decoder, kept in planned
                          if decoder.penalty != 1.0 and kept.output_ids]
             if penalised:
-                penalize_rows(logits, *zip(*penalised, strict=True))
+                where, seen, penalties = zip(*penalised, strict=True)
+                penalize_rows(logits, where, seen, penalties, distinct=True)
             at, chosen = _choices(logits, [(index, decoder.eos, kept)
                                            for index, decoder, kept in planned], forced)
             return _one_hot(logits, at, chosen)
@@ -319,6 +320,8 @@ class _RowDecoder:
             return
         tokenizer, self.eos = _DECODERS[decoding['engine']]
         self.output_ids = [int(t) for t in decoding['kept']]    # and the segment's so far
+        self._seen = set(self.output_ids)
+        self.seen_ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
         self.penalty = float(decoding['repetition_penalty'])
         # the processor applies the penalty batch-wide (self.penalty), not unmasked_choice
         self.request = EngineRequest('', '', 1, int(decoding['max_tokens']),
@@ -344,6 +347,10 @@ class _RowDecoder:
             self.grammar.replay(new)
         self.fed = len(output_ids)
         self.output_ids.extend(new)
+        if not self._seen.issuperset(new):
+            # the penalty's distinct ids, remade only when the plan writes a new token
+            self._seen.update(new)
+            self.seen_ids = np.fromiter(self._seen, dtype=np.int64, count=len(self._seen))
         return KeptTokens(self.request, prompt_ids=[], output_ids=self.output_ids,
                           grammar=self.grammar)
 
