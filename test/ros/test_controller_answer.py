@@ -6,7 +6,9 @@ reach it; either way the controller must not wait for that answer forever. Here 
 answers the robot's first goal request late (8 s, past the controller's ``answer_within_s`` of
 2 s) and every later one at once: the controller sends the goal again, takes the answer of the
 last one it sent, cancels every other goal once its answer comes, and its task ends with one
-``PlanResult``, succeeded.
+``PlanResult``, succeeded. The planner takes 2 s to act on a cancel, so the goal given up
+streams segments in the meantime: the robot executes none of them (it reports segments of the
+kept goal only).
 
 The controller runs as its own process (``ros2 run timelyllm_ros drone_controller``), the
 planner and a probe in this one. Needs a ROS 2 workspace where this package was built and
@@ -30,7 +32,8 @@ pytest.importorskip('timelyllm_ros.msg',
 
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from ros_helpers import activated, kill_group, until  # noqa: E402
-from timelyllm_ros.msg import PlanResult, Task  # noqa: E402
+from timelyllm_ros.action import PlanTask  # noqa: E402
+from timelyllm_ros.msg import PlanResult, SegmentDone, Task  # noqa: E402
 
 from timelyllm_ros.language.traces import load_trace_set  # noqa: E402
 from timelyllm_ros.nodes import convert  # noqa: E402
@@ -41,6 +44,7 @@ FLEET = '/canswer'
 ROBOT = 'ca_drone'
 ANSWER_WITHIN_S = 2.0
 FIRST_ANSWER_S = 8.0
+CANCEL_AFTER_S = 2.0
 
 
 class FirstAnswerLatePlanner(PlannerNode):
@@ -63,6 +67,7 @@ class FirstAnswerLatePlanner(PlannerNode):
     def cancel_callback(self, goal_handle):  # type: ignore[no-untyped-def]
         with self._count:
             self.cancels += 1
+        time.sleep(CANCEL_AFTER_S)       # the goal streams on meanwhile
         return super().cancel_callback(goal_handle)
 
 
@@ -77,6 +82,12 @@ def fleet():
     probe = rclpy.create_node('controller_answer_probe')
     results: list = []
     probe.create_subscription(PlanResult, f'{FLEET}/{ROBOT}/plan_results', results.append, 10)
+    streamed: list = []              # the planner's feedback: every goal's segments
+    probe.create_subscription(PlanTask.Impl.FeedbackMessage, f'{FLEET}/plan/_action/feedback',
+                              lambda msg: streamed.append(msg.feedback.segment.goal_id), 100)
+    reported: list = []              # the robot's reports: the segments it executed
+    probe.create_subscription(SegmentDone, f'{FLEET}/segment_done',
+                              lambda msg: reported.append(msg.goal_id), 100)
     publisher = probe.create_publisher(Task, f'{FLEET}/{ROBOT}/task', 10)
     executor = MultiThreadedExecutor(num_threads=EXECUTOR_THREADS)
     for node in (planner, probe):
@@ -91,7 +102,7 @@ def fleet():
                  '-p', f'state_dir:={state_dir}'],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            yield planner, publisher, results, log
+            yield planner, publisher, results, log, streamed, reported
         finally:
             kill_group(controller)
             executor.shutdown()
@@ -102,7 +113,7 @@ def fleet():
 
 
 def test_a_goal_not_answered_in_time_is_sent_again_and_the_late_one_cancelled(fleet):
-    planner, publisher, results, log = fleet
+    planner, publisher, results, log, streamed, reported = fleet
     until(lambda: publisher.get_subscription_count() > 0, 60.0, 'the controller')
     task = load_trace_set().get(1).task
     publisher.publish(convert.task_to_msg(convert.TaskRequest(task, 'late-answer'), Task, None))
@@ -112,8 +123,11 @@ def test_a_goal_not_answered_in_time_is_sent_again_and_the_late_one_cancelled(fl
     # makes the controller send a third, and so on)
     until(lambda: len(planner.requests) >= 2 and planner.cancels == len(planner.requests) - 1,
           FIRST_ANSWER_S + 10.0, ('every goal but one cancelled', planner.requests))
-    time.sleep(1.0)                  # a second result would come within this
+    time.sleep(CANCEL_AFTER_S + 2.0)     # a second result, or a stray report, within this
     assert [(r.task_id, r.outcome) for r in results] == [('late-answer', 'succeeded')], results
+    kept = set(reported)
+    assert len(kept) == 1, reported          # the robot executed one goal's segments
+    assert set(streamed) - kept, streamed    # while a goal given up streamed its own
     first, second = planner.requests[:2]
     assert second - first >= ANSWER_WITHIN_S, planner.requests   # not sent again before
     text = log.read_text()

@@ -37,6 +37,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -47,6 +49,7 @@ from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.exceptions import InvalidParameterValueException, ParameterException
 from rclpy.node import Node
+from unique_identifier_msgs.msg import UUID
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.tuf import TUF_CLASSES
@@ -94,6 +97,10 @@ plan goal before it sends the goal again (s). Above the planner's paced answers 
 goals it takes at once (1,024, one answer per 10 ms: 10.2 s), so a fleet's burst is not sent
 twice; a goal that never reached the planner costs its robot this long, not forever."""
 
+ABANDONED_KEPT = 64
+"""Goals given up for unanswered whose feedback a controller still recognises and drops (one
+per resend; a planner answers a lost request within seconds, if ever)."""
+
 
 class RobotControllerNode(Node):
     """Wires one robot backend to the planner's action server and the report topics."""
@@ -127,8 +134,11 @@ class RobotControllerNode(Node):
         self._feedback_topic = fleet_name(fleet, PLAN_ACTION) + '/_action/feedback'
         self._serving: set[tuple[int, ...]] = set()   # the planner endpoints of the goal
         self._sent: tuple | None = None   # (future, planner endpoints, task, monotonic s when
-                                          # sent) not answered
+                                          # sent, goal UUID bytes) not answered
         self._sent_lock = threading.Lock()    # the answer and a resend of one request
+        # goals given up for unanswered: the planner may still accept one and stream a segment
+        # before the cancel reaches it; its feedback is dropped (the last ABANDONED_KEPT)
+        self._abandoned: OrderedDict[bytes, None] = OrderedDict()
         self._segment_done_topic = fleet_name(fleet, 'segment_done')
         self.done_pub = self.create_publisher(SegmentDone, self._segment_done_topic,
                                               reliable(ACTION_QUEUE_DEPTH))
@@ -284,8 +294,11 @@ class RobotControllerNode(Node):
         goal = convert.goal_to_msg(self.robot_id, self.profile.name, kept.request,
                                    self.get_parameter('urgency').value, PlanTask.Goal,
                                    TimeUtility)
-        future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback)
-        self._sent = (future, self._planner_endpoints(), kept, time.monotonic())
+        goal_uuid = UUID(uuid=list(uuid.uuid4().bytes))
+        future = self.plan_client.send_goal_async(goal, feedback_callback=self.feedback_callback,
+                                                  goal_uuid=goal_uuid)
+        self._sent = (future, self._planner_endpoints(), kept, time.monotonic(),
+                      bytes(goal_uuid.uuid))
         future.add_done_callback(self.goal_response_callback)
 
     def watch_planner(self) -> None:
@@ -398,6 +411,9 @@ class RobotControllerNode(Node):
             if self._sent is not sent:
                 return False
             self._sent = None
+            self._abandoned[sent[4]] = None
+            while len(self._abandoned) > ABANDONED_KEPT:
+                self._abandoned.popitem(last=False)
             return True
 
     def goal_response_callback(self, future) -> None:  # type: ignore[no-untyped-def]
@@ -431,6 +447,8 @@ class RobotControllerNode(Node):
             lambda result, handle=handle: self.result_callback(result, handle))
 
     def feedback_callback(self, feedback) -> None:  # type: ignore[no-untyped-def]
+        if bytes(feedback.goal_id.uuid) in self._abandoned:
+            return    # a goal sent again: its segments are not this robot's plan any more
         segment = feedback.feedback.segment
         key = (segment.goal_id, segment.index, convert.is_plan_end(segment))
         with self._received_lock:
