@@ -45,6 +45,7 @@ ROBOT = 'ca_drone'
 ANSWER_WITHIN_S = 2.0
 FIRST_ANSWER_S = 8.0
 CANCEL_AFTER_S = 2.0
+STRAY_REPORT_S = 15.0
 
 
 class FirstAnswerLatePlanner(PlannerNode):
@@ -123,10 +124,14 @@ def test_a_goal_not_answered_in_time_is_sent_again_and_the_late_one_cancelled(fl
     # makes the controller send a third, and so on)
     until(lambda: len(planner.requests) >= 2 and planner.cancels == len(planner.requests) - 1,
           FIRST_ANSWER_S + 10.0, ('every goal but one cancelled', planner.requests))
-    time.sleep(CANCEL_AFTER_S + 2.0)     # a second result, or a stray report, within this
-    assert [(r.task_id, r.outcome) for r in results] == [('late-answer', 'succeeded')], results
+    # A segment of the goal given up would run once the kept plan ended and be reported when
+    # done (this task's first segment takes the simulated drone 10.7 s): wait that long.
     kept = set(reported)
-    assert len(kept) == 1, reported          # the robot executed one goal's segments
+    give_up = time.monotonic() + STRAY_REPORT_S
+    while time.monotonic() < give_up and set(reported) == kept:
+        time.sleep(0.1)
+    assert [(r.task_id, r.outcome) for r in results] == [('late-answer', 'succeeded')], results
+    assert len(kept) == 1 and set(reported) == kept, reported   # one goal's segments ran
     assert set(streamed) - kept, streamed    # while a goal given up streamed its own
     first, second = planner.requests[:2]
     assert second - first >= ANSWER_WITHIN_S, planner.requests   # not sent again before
