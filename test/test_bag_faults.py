@@ -3,7 +3,6 @@ never a crash and never altered data read back as if it were intact."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
 import shutil
@@ -17,6 +16,7 @@ import pytest
 from mcap.reader import make_reader
 from mcap.stream_reader import StreamReader
 from mcap.writer import CompressionType, Writer
+from utils import load_benchmark
 
 from lrtrace import format as fmt
 from lrtrace.cli import main
@@ -25,18 +25,12 @@ from lrtrace.recorder import TraceRecorder
 from timelyllm_ros.errors import TraceFormatError
 from timelyllm_ros.robots.backend import SkillRecord
 
-REPO = Path(__file__).resolve().parents[1]
 GROUPS = 4          # chunks of skills after the header chunk
 PER_GROUP = 5       # skills per chunk
 
 
 def _load_campaign():
-    spec = importlib.util.spec_from_file_location('bag_faults', REPO / 'benchmarks' /
-                                                  'bag_faults.py')
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark('bag_faults')
 
 
 def _skill(i: int) -> SkillRecord:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from utils import load_benchmark
 
 from lrtrace.cli import main
 from lrtrace.fit import fit_profile, write_profile
@@ -174,14 +175,8 @@ def test_the_cli_reports_refusals_clamps_and_dropped_samples(tmp_path, capsys):
 
 
 def test_the_degenerate_fit_campaign_writes_no_degenerate_model():
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        'degenerate_fits', Path(__file__).resolve().parents[1] / 'benchmarks' /
-        'degenerate_fits.py')
-    assert spec is not None and spec.loader is not None
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_benchmark('degenerate_fits')
     counts = campaign.run_degenerate_fit_campaign(seed=7, cases=12)
     assert counts['cases'] == 12 and counts['fits_refused'] > 0
     assert counts['degenerate_models_written'] == 0

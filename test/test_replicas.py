@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from utils import load_benchmark
 
 from timelyllm_ros.cli import main
 from timelyllm_ros.engines.replicas import SimulatedReplicas
@@ -286,14 +287,8 @@ def test_a_request_latency_delays_each_segment_request() -> None:
 def test_overload_over_replicas_with_a_request_latency() -> None:
     """benchmarks/overload.py's fleet over two replicas 20 ms away: every goal is still
     completed, later than over replicas next door, and the latency is reported."""
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).parent.parent / 'benchmarks' / 'overload.py'
-    spec = importlib.util.spec_from_file_location('overload_bench', path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark('overload')
     near, far = (module.run_overload(60, 0, policies=['timelyllm'], replicas=2,
                                      request_latency_s=latency) for latency in (0.0, 0.02))
     assert far['replicas'] == 2 and far['request_latency_s'] == 0.02

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from utils import load_benchmark
 
 from timelyllm_ros.core.clock import WallClock
 from timelyllm_ros.core.request import Segment
@@ -408,16 +409,9 @@ def test_a_state_receiver_that_cannot_restart_fails_the_motion(tello, state_port
 
 
 def test_the_hostile_datagram_campaign_counts_nothing(state_port):
-    import importlib.util
-    from pathlib import Path
 
     pytest.importorskip('djitellopy')
-    spec = importlib.util.spec_from_file_location(
-        'hostile_datagrams', Path(__file__).resolve().parents[1] / 'benchmarks' /
-        'hostile_datagrams.py')
-    assert spec is not None and spec.loader is not None
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_benchmark('hostile_datagrams')
     assert campaign.run_hostile_datagrams_campaign(seed=3, cases=6, state_port=state_port) == {
         'cases': 6, 'tello_frozen_state': 0, 'tello_spoofed_success': 0, 'tello_crashes': 0}
 

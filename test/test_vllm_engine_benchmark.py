@@ -4,27 +4,11 @@ benchmark would decode a whole batch). The benchmark itself needs vLLM; this par
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
+from utils import load_benchmark
 
 pytest.importorskip('transformers', reason='transformers is not installed')
 pytest.importorskip('llguidance', reason='llguidance is not installed')
-
-BENCHMARK = Path(__file__).parent.parent / 'benchmarks' / 'vllm_engine.py'
-
-
-def _benchmark() -> Any:
-    spec = importlib.util.spec_from_file_location('vllm_engine_benchmark', BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_a_long_plan_may_end_only_after_its_statements() -> None:
     from transformers import AutoTokenizer
@@ -42,7 +26,7 @@ def test_a_long_plan_may_end_only_after_its_statements() -> None:
                                               **({'gguf_file': gguf} if gguf else {}))
     eos = int(tokenizer.eos_token_id)
     grammars = LlguidanceTokenizer.from_hf(tokenizer, [eos])
-    bench = _benchmark()
+    bench = load_benchmark('vllm_engine')
     plans = plan_grammar(load_profile('tello'), task_objects(bench.prompt_text(3, 30)))
     assert plans is not None
     long = grammars.grammar(bench.long_plans(plans.gbnf, 3))

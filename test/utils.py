@@ -1,6 +1,12 @@
-"""Test factories: task specs and a scheduler over the simulated engine on a virtual clock."""
+"""Test factories: task specs and a scheduler over the simulated engine on a virtual clock,
+and the benchmark scripts as modules."""
 
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 from timelyllm_ros.core.clock import SimClock
 from timelyllm_ros.core.request import TaskSpec
@@ -55,3 +61,17 @@ def tiny_calibration(**overrides: object):  # -> Calibration
     }
     data.update(overrides)
     return Calibration.model_validate(data)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / 'benchmarks'
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py``, imported from its path (``benchmarks/`` is not a package) and
+    registered in ``sys.modules`` (its dataclasses need that)."""
+    spec = importlib.util.spec_from_file_location(f'{name}_benchmark', BENCHMARKS / f'{name}.py')
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
