@@ -83,6 +83,15 @@ def _generate(engine: VllmEngine, request_id: str, task: str, max_tokens: int = 
     return ids, text, results
 
 
+def test_the_plan_grammars_tokenizer_is_read_at_start(engine: VllmEngine) -> None:
+    """llguidance reads the vocabulary when the engine starts, not in the first plan goal's
+    registration on the scheduler's loop (a third of a second for SmolLM2)."""
+    from timelyllm_ros.engines.vllm_engine import _DECODERS
+
+    assert engine.in_engine_decoding
+    assert _DECODERS[engine._decoder_key][0] is not None
+
+
 def test_resume_is_identical_and_served_from_the_prefix_cache(engine: VllmEngine) -> None:
     ids, text, _ = _generate(engine, 'solo', 'find the toy under the bed')
     assert text and len(ids) == 16

@@ -99,6 +99,7 @@ def test_start_reads_the_servers(tokenizer_folder: str,
     engine = _engine(tokenizer_folder, servers)
     assert engine.served_model == 'fake-model' and engine.max_context == 2048
     assert engine.max_num_seqs == 8 and engine.supports('grammar')
+    assert engine._llguidance is not None      # read at start, not at the first plan goal
     assert [r.up for r in engine.replica_states()] == [True, True]
     assert engine.stats().kv_capacity_tokens == 2 * 100 * 16     # from /metrics
     assert engine.behaviour().estimates == 'observed'   # prices admission as the vLLM engine

@@ -732,6 +732,10 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         self._preempted_seen = 0
         self._decoder_key = f'{id(self):x}'
         _DECODERS[self._decoder_key] = (None, self.eos_id if self.eos_id is not None else -1)
+        if self.in_engine_decoding:
+            # llguidance reads the vocabulary now (0.3 s for SmolLM2's 49k tokens), not in the
+            # first plan goal's registration, on the scheduler's loop
+            self._grammar_tokenizer()
         self.kv_bytes_per_token = self._kv_bytes_per_token_of_config()
         self.hardware = self._hardware()
 

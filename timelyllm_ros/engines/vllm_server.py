@@ -205,6 +205,8 @@ class VllmServerEngine(SegmentRequestEngine[_Generation]):
         self.per_replica_seqs = max_num_seqs
         self._max_num_seqs = max_num_seqs * len(urls)
         self.in_engine_decoding = grammar
+        if grammar:
+            self._grammar_tokenizer()    # the vocabulary read now, not at the first plan goal
         self.use_priority = use_priority
         self.chat_template = chat_template
         self.connect_timeout_s = connect_timeout_s
