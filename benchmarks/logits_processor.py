@@ -6,7 +6,11 @@ logits processor side by side in one run.
 
 Each step queues a stand-in for the forward pass on the device (a chain of bf16 matmuls of about
 ``--forward-ms``), then does what the processor does for a batch of plan rows (the tello plan
-grammar, two statements in, the repetition penalty): penalty, choice, one-hot write. The rules:
+grammar, the repetition penalty): penalty, choice, one-hot write. After each step every row
+takes the token chosen for it (a plan that ends starts again two statements in), so each step
+meets grammar states as a decoding does: a mask in a state met for the first time costs several
+times one llguidance answers from its cache. Both rules see the same logits and choose the same
+tokens, so they walk the same states. The rules:
 
 * ``read first``: each row's argmax read to the host and checked against its grammar, masks only
   for refused rows (the processor's rule on a CPU);
@@ -25,7 +29,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 PLAN_PREFIX = 'to();mf(100);'
@@ -43,26 +47,40 @@ def tokenizer(model: str) -> Any:
                                          **({'gguf_file': gguf} if gguf else {}))
 
 
-def plan_rows(hf_tokenizer: Any, batch: int) -> list[tuple[int, int, Any]]:
-    """``batch`` plan rows as the processor holds them, each two statements into a plan."""
-    from timelyllm_ros.engines.base import EngineRequest
-    from timelyllm_ros.engines.constraint import LlguidanceTokenizer
-    from timelyllm_ros.engines.kept import KeptTokens
-    from timelyllm_ros.language.grammar import plan_grammar
-    from timelyllm_ros.language.profiles import load_profile
+class PlanRows:
+    """A batch's plan rows as the processor holds them (row, end of text, generation), each
+    started two statements into a plan, and advanced by the tokens chosen for them."""
 
-    eos = int(hf_tokenizer.eos_token_id)
-    grammars = LlguidanceTokenizer.from_hf(hf_tokenizer, [eos])
-    gbnf = plan_grammar(load_profile('tello')).gbnf
-    prefix = [int(t) for t in hf_tokenizer.encode(PLAN_PREFIX)]
-    rows = []
-    for row in range(batch):
-        grammar = grammars.grammar(gbnf)
-        grammar.replay(prefix)
-        request = EngineRequest(f'r{row}', '', 1, 400, end_within=20)
-        rows.append((row, eos, KeptTokens(request, prompt_ids=[], output_ids=list(prefix),
-                                          grammar=grammar)))
-    return rows
+    def __init__(self, hf_tokenizer: Any, batch: int) -> None:
+        from timelyllm_ros.engines.constraint import LlguidanceTokenizer
+        from timelyllm_ros.language.grammar import plan_grammar
+        from timelyllm_ros.language.profiles import load_profile
+
+        self.eos = int(hf_tokenizer.eos_token_id)
+        self._grammars = LlguidanceTokenizer.from_hf(hf_tokenizer, [self.eos])
+        plans = plan_grammar(load_profile('tello'))
+        assert plans is not None
+        self._gbnf = plans.gbnf
+        self._prefix = [int(t) for t in hf_tokenizer.encode(PLAN_PREFIX)]
+        self.rows = [(row, self.eos, self._started(row)) for row in range(batch)]
+
+    def _started(self, row: int) -> Any:
+        from timelyllm_ros.engines.base import EngineRequest
+        from timelyllm_ros.engines.kept import KeptTokens
+
+        grammar = self._grammars.grammar(self._gbnf)
+        grammar.replay(self._prefix)
+        return KeptTokens(EngineRequest(f'r{row}', '', 1, 400, end_within=20), prompt_ids=[],
+                          output_ids=list(self._prefix), grammar=grammar)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Each row takes its token; a plan that ends (or reaches its token limit) starts again."""
+        for at, ((row, eos, kept), token) in enumerate(zip(self.rows, tokens, strict=True)):
+            if token == eos or len(kept.output_ids) >= kept.request.max_tokens - 1:
+                self.rows[at] = (row, eos, self._started(row))
+            else:
+                kept.grammar.accept(token)
+                kept.output_ids.append(token)
 
 
 def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
@@ -75,7 +93,6 @@ def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
     from timelyllm_ros.engines.kept import penalize_rows
     from timelyllm_ros.engines.vllm_engine import _choices, _one_hot
 
-    rows = plan_rows(hf_tokenizer, batch)
     vocab = len(hf_tokenizer)
     weights = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
 
@@ -92,28 +109,31 @@ def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
     forward(20)
     sync()
     repeats = max(1, round(forward_ms / 1e3 / ((time.perf_counter() - started) / 20)))
-    penalties = ([index for index, _, _ in rows], [kept.output_ids for _, _, kept in rows],
-                 [REPETITION_PENALTY] * batch)
-    rules: dict[str, Callable[[Any], None] | None] = {
-        'forward only': None,
-        'read first': lambda logits: _one_hot(logits, *_choices(logits, rows, [], True)),
-        'nothing read': lambda logits: _one_hot(logits, *_choices(logits, rows, [], False))}
+    rules: dict[str, bool | None] = {'forward only': None, 'read first': True,
+                                     'nothing read': False}
     times: dict[str, tuple[list[float], list[float]]] = {}
-    for name, rule in rules.items():
+    for name, read_first in rules.items():
         walls, hosts = times.setdefault(name, ([], []))
+        plans = PlanRows(hf_tokenizer, batch)
+        torch.manual_seed(0)                     # the same logits for each rule
         for step in range(steps + 5):
             logits = torch.randn(batch, vocab, device=device)
+            rows = plans.rows
             sync()
             started = time.perf_counter()
             forward(repeats)
-            if rule is not None:
-                penalize_rows(logits, *penalties)
-                rule(logits)
+            if read_first is not None:
+                penalize_rows(logits, [index for index, _, _ in rows],
+                              [kept.output_ids for _, _, kept in rows],
+                              [REPETITION_PENALTY] * batch)
+                _one_hot(logits, *_choices(logits, rows, [], read_first))
             host = time.perf_counter()
             sync()
             if step >= 5:                        # warm-up steps
                 walls.append(time.perf_counter() - started)
                 hosts.append(host - started)
+            if read_first is not None:
+                plans.advance(logits.argmax(dim=-1).tolist())    # after the timed part
     alone = statistics.median(times['forward only'][0])
     return {name: ((statistics.median(walls) - alone) * 1e3, statistics.median(hosts) * 1e3)
             for name, (walls, hosts) in times.items() if name != 'forward only'} | {
