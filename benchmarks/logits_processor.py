@@ -5,9 +5,10 @@ logits processor side by side in one run.
         [--steps 60] [--forward-ms 10]
 
 Each step queues a stand-in for the forward pass on the device (a chain of bf16 matmuls of about
-``--forward-ms``), then does what the processor does for a batch of plan rows (the tello plan
-grammar, the repetition penalty): penalty, choice, one-hot write. After each step every row
-takes the token chosen for it (a plan that ends starts again two statements in), so each step
+``--forward-ms``), then the processor's own step over a batch of plan rows kept as vLLM keeps
+them (the tello plan grammar, the repetition penalty): each row's decoder advanced, penalty,
+choice, one-hot write. After each step every row takes the token chosen for it (a plan that
+ends starts again two statements in), so each step
 meets grammar states as a decoding does: a mask in a state met for the first time costs several
 times one llguidance answers from its cache. Both rules see the same logits and choose the same
 tokens, so they walk the same states. The rules:
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 PLAN_PREFIX = 'to();mf(100);'
+DECODER_KEY = 'logits-processor-benchmark'     # its tokenizer among the processor's decoders
 
 
 def tokenizer(model: str) -> Any:
@@ -48,39 +50,40 @@ def tokenizer(model: str) -> Any:
 
 
 class PlanRows:
-    """A batch's plan rows as the processor holds them (row, end of text, generation), each
-    started two statements into a plan, and advanced by the tokens chosen for them."""
+    """A batch's rows as vLLM hands them to the processor (row, the processor's decoder, the
+    segment's output ids), each plan started two statements in, and advanced by the tokens
+    chosen for them as vLLM appends them (the decoder takes them at the next step)."""
 
     def __init__(self, hf_tokenizer: Any, batch: int) -> None:
+        from timelyllm_ros.core.plan_requests import REPETITION_PENALTY
+        from timelyllm_ros.engines import vllm_engine
         from timelyllm_ros.engines.constraint import LlguidanceTokenizer
         from timelyllm_ros.language.grammar import plan_grammar
         from timelyllm_ros.language.profiles import load_profile
 
         self.eos = int(hf_tokenizer.eos_token_id)
-        self._grammars = LlguidanceTokenizer.from_hf(hf_tokenizer, [self.eos])
+        vllm_engine._DECODERS[DECODER_KEY] = (
+            LlguidanceTokenizer.from_hf(hf_tokenizer, [self.eos]), self.eos)
         plans = plan_grammar(load_profile('tello'))
         assert plans is not None
-        self._gbnf = plans.gbnf
-        self._prefix = [int(t) for t in hf_tokenizer.encode(PLAN_PREFIX)]
-        self.rows = [(row, self.eos, self._started(row)) for row in range(batch)]
+        self._decoding = {'engine': DECODER_KEY, 'grammar': plans.gbnf, 'max_tokens': 400,
+                          'end_within': 20, 'repetition_penalty': REPETITION_PENALTY,
+                          'kept': [int(t) for t in hf_tokenizer.encode(PLAN_PREFIX)]}
+        self.rows = [self._started(row) for row in range(batch)]
 
-    def _started(self, row: int) -> Any:
-        from timelyllm_ros.engines.base import EngineRequest
-        from timelyllm_ros.engines.kept import KeptTokens
+    def _started(self, row: int) -> tuple[int, Any, list[int]]:
+        from timelyllm_ros.engines.vllm_engine import _RowDecoder
 
-        grammar = self._grammars.grammar(self._gbnf)
-        grammar.replay(self._prefix)
-        return KeptTokens(EngineRequest(f'r{row}', '', 1, 400, end_within=20), prompt_ids=[],
-                          output_ids=list(self._prefix), grammar=grammar)
+        return row, _RowDecoder(decoding=self._decoding), []
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Each row takes its token; a plan that ends (or reaches its token limit) starts again."""
-        for at, ((row, eos, kept), token) in enumerate(zip(self.rows, tokens, strict=True)):
-            if token == eos or len(kept.output_ids) >= kept.request.max_tokens - 1:
-                self.rows[at] = (row, eos, self._started(row))
+        for at, ((row, decoder, output_ids), token) in enumerate(
+                zip(self.rows, tokens, strict=True)):
+            if token == self.eos or len(decoder.output_ids) >= decoder.request.max_tokens - 1:
+                self.rows[at] = self._started(row)
             else:
-                kept.grammar.accept(token)
-                kept.output_ids.append(token)
+                output_ids.append(token)
 
 
 def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
@@ -89,9 +92,7 @@ def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
     ``'forward only'``: (the forward's own median ms, the host's)."""
     import torch
 
-    from timelyllm_ros.core.plan_requests import REPETITION_PENALTY
-    from timelyllm_ros.engines.kept import penalize_rows
-    from timelyllm_ros.engines.vllm_engine import _choices, _one_hot
+    from timelyllm_ros.engines.vllm_engine import _decode_rows
 
     vocab = len(hf_tokenizer)
     weights = torch.randn(1024, 1024, device=device, dtype=torch.bfloat16)
@@ -118,15 +119,11 @@ def measure(batch: int, hf_tokenizer: Any, device: str, steps: int,
         torch.manual_seed(0)                     # the same logits for each rule
         for step in range(steps + 5):
             logits = torch.randn(batch, vocab, device=device)
-            rows = plans.rows
             sync()
             started = time.perf_counter()
             forward(repeats)
             if read_first is not None:
-                penalize_rows(logits, [index for index, _, _ in rows],
-                              [kept.output_ids for _, _, kept in rows],
-                              [REPETITION_PENALTY] * batch)
-                _one_hot(logits, *_choices(logits, rows, [], read_first))
+                _decode_rows(logits, plans.rows, read_first)
             host = time.perf_counter()
             sync()
             if step >= 5:                        # warm-up steps

@@ -245,7 +245,7 @@ def run_batches(engine: Any, prompts: dict[int, list[str]], request: Callable[..
 
 
 def run_resume(engine: Any, prompts: dict[int, list[str]], request: Callable[..., Any],
-            out: dict[str, Any]) -> None:
+               out: dict[str, Any]) -> None:
     """The step that brings back a generation cut after ``RESUME_AFTER`` tokens."""
     # a resume: cut after RESUME_AFTER tokens, run again, time the step that brings it back
     rid = 'resume'
@@ -272,12 +272,12 @@ def with_argmax_read_first(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     device (vLLM runs in this process, so its processor finds the change)."""
     from timelyllm_ros.engines import vllm_engine
 
-    choices = vllm_engine._choices
-    vllm_engine._choices = functools.partial(choices, read_first=True)  # type: ignore
+    decode_rows = vllm_engine._decode_rows
+    vllm_engine._decode_rows = functools.partial(decode_rows, read_first=True)  # type: ignore
     try:
         return run()
     finally:
-        vllm_engine._choices = choices
+        vllm_engine._decode_rows = decode_rows
 
 
 def main() -> None:

@@ -134,21 +134,7 @@ def _forced_tokens_processor() -> type:
             # AdapterLogitsProcessor keeps each row's state as partial(decoder, output_ids)
             rows = [(index, state.func, state.args[-1])
                     for index, state in self.req_info.items()]
-            if not rows:
-                return logits
-            forced = [(index, decoder.forced_token(output_ids))
-                      for index, decoder, output_ids in rows if decoder.forced is not None]
-            planned = [(index, decoder, decoder.advance(output_ids))
-                       for index, decoder, output_ids in rows if decoder.forced is None]
-            penalised = [(index, decoder.seen_ids, decoder.penalty)
-                         for index, decoder, kept in planned
-                         if decoder.penalty != 1.0 and kept.output_ids]
-            if penalised:
-                where, seen, penalties = zip(*penalised, strict=True)
-                penalize_rows(logits, where, seen, penalties, distinct=True)
-            at, chosen = _choices(logits, [(index, decoder.eos, kept)
-                                           for index, decoder, kept in planned], forced)
-            return _one_hot(logits, at, chosen)
+            return _decode_rows(logits, rows) if rows else logits
 
     # importable by name (vLLM's engine-core process unpickles it by reference)
     ForcedTokensLogitsProcessor.__module__ = __name__
@@ -170,6 +156,26 @@ def served_decoder(tokenizer_path: str) -> str:
         _DECODERS[key] = (LlguidanceTokenizer.from_hf(tokenizer, eos_ids),
                           eos_ids[0] if eos_ids else -1)
     return key
+
+
+def _decode_rows(logits: Any, rows: list[tuple[int, _RowDecoder, list[int]]],
+                 read_first: bool | None = None) -> Any:
+    """One step of the processor over a batch's rows (row, its decoder, vLLM's output ids of
+    its segment so far): each plan row advanced, the repetition penalties, each row's token
+    (:func:`_choices`; ``read_first`` as there) and the one-hot write; the logits returned."""
+    forced = [(index, decoder.forced_token(output_ids))
+              for index, decoder, output_ids in rows if decoder.forced is not None]
+    planned = [(index, decoder, decoder.advance(output_ids))
+               for index, decoder, output_ids in rows if decoder.forced is None]
+    penalised = [(index, decoder.seen_ids, decoder.penalty)
+                 for index, decoder, kept in planned
+                 if decoder.penalty != 1.0 and kept.output_ids]
+    if penalised:
+        where, seen, penalties = zip(*penalised, strict=True)
+        penalize_rows(logits, where, seen, penalties, distinct=True)
+    at, chosen = _choices(logits, [(index, decoder.eos, kept)
+                                   for index, decoder, kept in planned], forced, read_first)
+    return _one_hot(logits, at, chosen)
 
 
 Planned = list[tuple[int, int, KeptTokens]]
