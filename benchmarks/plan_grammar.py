@@ -7,9 +7,10 @@ For every robot task of the bundled and held-back trace sets, the plan grammar a
 built from scratch (Python, :class:`~timelyllm_ros.language.grammar` with its cache cleared),
 then compiled by the CPU engine's grammar sampler (llama.cpp, the model's vocabulary) and, when
 llguidance is installed, by llguidance over the same vocabulary (the transformers and vLLM
-engines' matcher: cold, and again for a goal of the same scene, which copies the compiled
-matcher). It prints the median and the largest time per goal and robot kind, with the
-gripper rule and without it (``gripper: null``), and the grammar's size. The per-token cost of
+engines' matcher: cold for a new scene, again for a goal of the same scene, which copies the
+compiled matcher, and cold for the first goal of its grammar's shape, whose Lark text is
+converted from GBNF, :func:`~timelyllm_ros.engines.constraint.gbnf_lark`). It prints the
+median and the largest time per goal and robot kind, with the gripper rule and without it (``gripper: null``), and the grammar's size. The per-token cost of
 a grammar is measured where plans are generated: ``timelyllm plan-quality`` prints the
 grammar's share of decode time.
 """
@@ -49,6 +50,7 @@ def main() -> None:
     engine = LlamaCppEngine(args.model, threads=1, max_num_seqs=1)
     llguidance = None
     try:
+        from timelyllm_ros.engines import constraint
         from timelyllm_ros.engines.constraint import LlguidanceTokenizer
         pieces = [engine.piece(token) for token in range(engine.n_vocab)]
         eos = engine._llama.llama_vocab_eos(engine._vocab)
@@ -81,11 +83,17 @@ def main() -> None:
             figures.setdefault('llamacpp_ms', []).append(
                 timed(lambda gbnf=gbnf: engine._grammar(gbnf), args.repeats))
             if llguidance is not None:
-                def compile_llguidance(gbnf: str = gbnf) -> None:
+                def compile_llguidance(gbnf: str = gbnf, new_shape: bool = False) -> None:
                     llguidance._compiled.clear()
+                    if new_shape:
+                        constraint._LARK_SHAPES.clear()
                     llguidance.grammar(gbnf)
+                # a goal of a new scene: its grammar's shape (robot kind and object count)
+                # met before, converted to Lark once; and the first goal of its shape
                 figures.setdefault('llguidance_ms', []).append(
                     timed(compile_llguidance, args.repeats))
+                figures.setdefault('llguidance_shape_ms', []).append(
+                    timed(lambda gbnf=gbnf: compile_llguidance(gbnf, True), args.repeats))
                 # the next goal of the same scene: a copy of the compiled matcher
                 figures.setdefault('llguidance_again_ms', []).append(
                     timed(lambda gbnf=gbnf: llguidance.grammar(gbnf), args.repeats))

@@ -311,3 +311,61 @@ def test_a_plan_may_end_with_a_separator_a_newline_or_both(byte_tokenizer, robot
     for end, inside in (('', True), (';', True), (';\n', True), ('\n', True), (';;', False),
                         ('\n\n', False), ('\n;', False)):
         assert accepts(byte_tokenizer, gbnf, plan + end) is inside, repr(end)
+
+
+def test_a_grammars_lark_is_the_converters_for_every_shape_and_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gbnf_lark`` (converted once per shape, the literals written back) gives llguidance's
+    converter's text for every robot's grammar, ungrounded and grounded in object names that
+    hold quotes, backslashes, brackets, a newline or a placeholder character, and for GBNF the
+    planner does not write (classes and comments with quotes, escapes the converter rewrites,
+    one it refuses, Lark given as it is); grounded grammars of one shape are converted once."""
+    import random
+
+    import llguidance.gbnf_to_lark as converter
+
+    from timelyllm_ros.engines import constraint
+    from timelyllm_ros.language.profiles import available_profiles
+
+    any_to_lark = converter.any_to_lark
+    conversions: list[str] = []
+
+    def counted(text: str) -> str:
+        conversions.append(text)
+        return any_to_lark(text)
+
+    monkeypatch.setattr(converter, 'any_to_lark', counted)
+    rng = random.Random(7)
+    alphabet = 'abxyz_-. \'"\\[]#{}()|*+?\n\té€\ue000'
+    grammars = []
+    for name in available_profiles():
+        profile = load_profile(name)
+        if plan_grammar(profile) is None:
+            continue
+        grammars.append(plan_grammar(profile).gbnf)  # type: ignore[union-attr]
+        for count in (1, 2, 3, 7):
+            objects = tuple(''.join(rng.choice(alphabet) for _ in range(rng.randint(1, 8)))
+                            for _ in range(count))
+            grammars.append(plan_grammar(profile, objects).gbnf)  # type: ignore[union-attr]
+            conversions.clear()
+            for stem in ('thing', 'other'):     # one shape: converted once
+                names = tuple(f'{stem}{i}' for i in range(count))
+                gbnf = plan_grammar(profile, names).gbnf  # type: ignore[union-attr]
+                assert constraint.gbnf_lark(gbnf) == any_to_lark(gbnf)
+            assert len(conversions) <= 1, (name, count)
+    grammars += [
+        'root ::= "a\\x41" item+ # a "quoted" comment [\nitem ::= [^"\\]] | "b\\"c" | "\\u00e9"'
+        ' | [a-z]{1,3} "#x"\n',
+        'root ::= "x" ("y" | "z")* "\\q"\n',         # an escape the converter refuses
+        'start: "lark" "as" "it" "is"\n',
+    ]
+    for gbnf in grammars:
+        try:
+            expected: str | None = any_to_lark(gbnf)
+        except Exception:  # noqa: BLE001 -- the converter raises several kinds
+            expected = None
+        if expected is None:
+            with pytest.raises(ValueError, match='Failed to convert'):
+                constraint.gbnf_lark(gbnf)
+        else:
+            assert constraint.gbnf_lark(gbnf) == expected

@@ -20,6 +20,7 @@ and vLLM's logits processor).
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -149,12 +150,12 @@ class LlguidanceTokenizer:
         if pristine is not None:
             self._compiled.move_to_end(gbnf)
         else:
-            # Compiling costs milliseconds (a grounded arm grammar of seven objects: 22 ms);
-            # a copy of the matcher at its start costs microseconds, so goals of one scene
-            # share one compile.
+            # Compiling costs milliseconds (a grounded arm grammar of seven objects: 7 ms,
+            # its Lark text from the shape's conversion); a copy of the matcher at its start
+            # costs microseconds, so goals of one scene share one compile.
             try:
-                pristine = llguidance.LLMatcher(self.handle,
-                                                llguidance.grammar_from('gbnf', gbnf))
+                pristine = llguidance.LLMatcher(
+                    self.handle, llguidance.LLMatcher.grammar_from_lark(gbnf_lark(gbnf)))
             except ValueError as err:
                 raise EngineError(f'the grammar does not compile: {err}') from None
             if pristine.is_error():
@@ -163,6 +164,75 @@ class LlguidanceTokenizer:
             while len(self._compiled) > MATCHERS_KEPT:
                 self._compiled.popitem(last=False)
         return LlguidanceGrammar(pristine.deep_copy(), self.vocab_size, self.eos_ids)
+
+
+def gbnf_lark(gbnf: str) -> str:
+    """The GBNF grammar in llguidance's Lark dialect, as llguidance's converter writes it.
+
+    The converter is pure Python and cost most of a grounded plan grammar's compile (a
+    seven-object arm grammar: 16 ms of 25 on this project's 2-core machine), paid for every
+    goal on the scheduler's loop, since goals of different scenes have different grammars.
+    But grounded grammars of one robot kind and object count differ only in their literals
+    (the object names), and the converter copies a literal's text as it is: so the grammar
+    is converted once per shape (every plain literal replaced by a numbered placeholder,
+    :data:`LARK_SHAPES_KEPT` shapes kept) and its literals written back into the Lark text.
+    A literal with an escape the converter rewrites (``\\x``, ``\\u``, ``\\U``) or refuses
+    stays part of the shape, so the result is the converter's in every case (tested).
+
+    Raises:
+        ValueError: the converter cannot read the grammar.
+    """
+    from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
+
+    if is_lark_syntax(gbnf) or _MARK_OPEN in gbnf:
+        return _converted(any_to_lark, gbnf)
+    literals: list[str] = []
+
+    def placeholder(piece: re.Match[str]) -> str:
+        text = piece.group(0)
+        if not _PLAIN_LITERAL.fullmatch(text):
+            return text                 # a class, a comment, or a literal kept in the shape
+        literals.append(text)
+        return f'"{_MARK_OPEN}{len(literals) - 1}{_MARK_CLOSE}"'
+
+    shape = _GBNF_PIECE.sub(placeholder, gbnf)
+    template = _LARK_SHAPES.pop(shape, None)      # taken and put back last: the newest
+    if template is None:
+        template = _converted(any_to_lark, shape)
+    _LARK_SHAPES[shape] = template
+    while len(_LARK_SHAPES) > LARK_SHAPES_KEPT:
+        _LARK_SHAPES.popitem(last=False)
+    written = [0]
+
+    def literal(mark: re.Match[str]) -> str:
+        written[0] += 1
+        return literals[int(mark.group(1))]
+
+    lark = _MARK.sub(literal, template)
+    if written[0] != len(literals):     # never seen: the converter dropped or repeated one
+        return _converted(any_to_lark, gbnf)
+    return lark
+
+
+def _converted(convert: Callable[[str], str], gbnf: str) -> str:
+    """llguidance's conversion, its errors as ``llguidance.grammar_from`` gives them."""
+    try:
+        return convert(gbnf)
+    except Exception as err:   # noqa: BLE001 -- the converter raises several kinds
+        raise ValueError(f'Failed to convert the grammar from GBNF to Lark: {err}') from None
+
+
+LARK_SHAPES_KEPT = 64
+"""Converted grammar shapes kept (:func:`gbnf_lark`): one per robot kind and object count."""
+
+_LARK_SHAPES: OrderedDict[str, str] = OrderedDict()
+# GBNF's literals, character classes and comments, in the converter's reading (a quote in a
+# class or a comment is no literal); a plain literal holds only the escapes kept as written
+_GBNF_PIECE = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|#[^\r\n]*')
+_PLAIN_LITERAL = re.compile(r'"(?:[^"\\]|\\["\\\[\]nrt])*"')
+_MARK_OPEN, _MARK_CLOSE = '\ue000', '\ue001'       # private-use characters (a grammar that
+                                                    # holds one is converted whole)
+_MARK = re.compile(f'"{_MARK_OPEN}(\\d+){_MARK_CLOSE}"')
 
 
 class LlguidanceGrammar(TokenGrammar):
