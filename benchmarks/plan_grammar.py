@@ -10,9 +10,9 @@ llguidance is installed, by llguidance over the same vocabulary (the transformer
 engines' matcher: cold for a new scene, again for a goal of the same scene, which copies the
 compiled matcher, and cold for the first goal of its grammar's shape, whose Lark text is
 converted from GBNF, :func:`~timelyllm_ros.engines.constraint.gbnf_lark`). It prints the
-median and the largest time per goal and robot kind, with the gripper rule and without it (``gripper: null``), and the grammar's size. The per-token cost of
-a grammar is measured where plans are generated: ``timelyllm plan-quality`` prints the
-grammar's share of decode time.
+median and the largest time per goal and robot kind, with the gripper rule and without it
+(``gripper: null``), and the grammar's size. The per-token cost of a grammar is measured where
+plans are generated: ``timelyllm plan-quality`` prints the grammar's share of decode time.
 """
 
 from __future__ import annotations
