@@ -150,7 +150,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
                  burst_s: float = DEFAULT_BURST_S, tasks_per_robot: int = 1,
                  prefix_caching: bool = True, replicas: int = 1,
                  request_latency_s: float = 0.0,
-                 batch_mode: BatchMode = 'latency-guided', repeats: int = 1) -> dict[str, Any]:
+                 batch_mode: BatchMode = 'latency-guided', repeats: int = 1,
+                 suspend_at_cut: bool = False) -> dict[str, Any]:
     """Run every policy on the same overload burst; the figures of each, side by side.
 
     Args:
@@ -166,6 +167,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
             cap and memory only).
         repeats: rounds of every policy, in turn; the decide figures pool the decisions of
             every round, ``wall_time_s`` is a round's mean.
+        suspend_at_cut: suspend segmented generations at each cut (the paper's mechanism),
+            not once their next statement begins (the scheduler's default).
 
     Raises:
         ValueError: ``repeats`` below 1.
@@ -185,7 +188,9 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     for _ in range(repeats):
         for policy in policies:
             rounds[policy].append(simulate(
-                tasks, policy, seed=seed, config=SchedulerConfig(batch_mode=batch_mode),
+                tasks, policy, seed=seed,
+                config=SchedulerConfig(batch_mode=batch_mode,
+                                       suspend_on_next_statement=not suspend_at_cut),
                 engine=EngineOptions(prefix_caching=prefix_caching, replicas=replicas,
                                      request_latency_s=request_latency_s).build()))
     figures = {policy: pooled_figures(results) for policy, results in rounds.items()}
@@ -201,6 +206,7 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
             'prefix_caching': prefix_caching,
             'replicas': replicas,
             'request_latency_s': request_latency_s, 'batch_mode': batch_mode,
+            'suspend_at_cut': suspend_at_cut,
             'policies': figures,
             'ratios_to_vllm': ratios}
 
@@ -247,6 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              'and memory only)')
     parser.add_argument('--repeats', type=int_arg(1), default=1,
                         help='rounds of every policy, in turn; the decide figures pool them')
+    parser.add_argument('--suspend-at-cut', action='store_true',
+                        help='suspend segmented generations at each cut (the paper), not once '
+                             'their next statement begins')
     parser.add_argument('--json', action='store_true', help='print the figures as JSON')
     args = parser.parse_args(argv)
     report = run_overload(args.robots, args.seed,
@@ -254,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           burst_s=args.burst_s, tasks_per_robot=args.tasks_per_robot,
                           prefix_caching=not args.no_prefix_cache, replicas=args.replicas,
                           request_latency_s=args.request_latency_ms / 1000,
-                          batch_mode=args.batch_mode, repeats=args.repeats)
+                          batch_mode=args.batch_mode, repeats=args.repeats,
+                          suspend_at_cut=args.suspend_at_cut)
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0
 

@@ -321,11 +321,18 @@ def test_scheduler_cuts_segments_at_the_right_token() -> None:
             break
     generation = scheduler.generations['t0']
     assert dispatched and dispatched[0].segment.text == 'mf(50)'
+    # It decodes on through the separator and is paused with the first token of its next
+    # statement, its KV kept.
+    for _ in range(10):
+        if generation.status == TaskStatus.SUSPENDED:
+            break
+        dispatched.extend(scheduler.tick().dispatches)
     assert generation.status == TaskStatus.SUSPENDED and engine.running == ()
-    # Paused right after the token that closed the skill call, with its KV kept.
     ids = engine.token_ids('t0')
     text = ''.join(engine.piece(t).decode() for t in ids)
-    assert text.startswith('mf(50)') and not text.startswith('mf(50);tc')
+    begun = text.removeprefix('mf(50)').lstrip(';\n ')
+    assert text.startswith('mf(50)') and begun and 'tc(90)'.startswith(begun)
+    assert begun != 'tc(90)' and len(dispatched) == 1
     assert engine.kv_location('t0') == 'device'
     prefilled = engine.prefill_tokens
     assert prefilled == prompt_tokens

@@ -109,10 +109,14 @@ def run_programs(policy: Policy, programs: Sequence[tuple[str, float, Sequence[i
                  batch: int, limit: int = 5000) -> tuple[dict[str, Generation], UnitEngine]:
     """Run (task id, arrival, call lengths, robot id) on the unit engine; segments are
     re-queued at once (the robots' execution, Autellix's interrupt, takes no time). No robot
-    reports, so the scheduler's report deadlines are off."""
+    reports, so the scheduler's report deadlines are off. A call ends at its cut, as in the
+    paper's model (the scheduler's default suspends it once its next call began; the toy
+    example's figures are those of calls interrupted at their end), and the end of a program
+    is an empty call of its own."""
     engine = UnitEngine(batch)
     clock = SimClock()
-    scheduler = Scheduler(policy, engine, clock, SchedulerConfig(report_deadlines=False))
+    scheduler = Scheduler(policy, engine, clock, SchedulerConfig(
+        report_deadlines=False, suspend_on_next_statement=False))
     pending = sorted(programs, key=lambda p: p[1])
     generations: dict[str, Generation] = {}
     for _ in range(limit):

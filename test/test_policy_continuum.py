@@ -61,9 +61,13 @@ def _scheduler(policy: ContinuumPolicy, **calibration: object) -> tuple[Schedule
 
 
 def _tick_until_cut(scheduler: Scheduler, *task_ids: str, limit: int = 200) -> None:
+    """Tick until each goal has had a segment cut and left the batch (suspended once its
+    next statement began)."""
     waiting = set(task_ids)
+    cut: set[str] = set()
     for _ in range(limit):
-        waiting -= {d.task_id for d in scheduler.tick().dispatches}
+        cut |= {d.task_id for d in scheduler.tick().dispatches}
+        waiting -= {t for t in cut if scheduler.generations[t].status != TaskStatus.RUNNING}
         if not waiting:
             return
     raise AssertionError(f'{sorted(waiting)} never cut')

@@ -59,6 +59,9 @@ class Recording(Policy):
     def on_cut(self, generation, now):
         self.calls['cut'] += 1
 
+    def on_suspend(self, generation, now):
+        self.calls['suspend'] += 1
+
     def on_end(self, generation, now):
         self.calls['end'] += 1
 
@@ -83,7 +86,9 @@ def test_observers_see_every_submit_step_cut_and_end() -> None:
     _run_until_generated(scheduler)
     assert generation.status == TaskStatus.GENERATED
     assert policy.calls['submit'] == 1
-    assert policy.calls['cut'] == generation.suspensions == len(generation.segments) == 3
+    # each cut heard at the cut; suspended after the first two (the plan ended after the last)
+    assert policy.calls['cut'] == len(generation.segments) == 3
+    assert policy.calls['suspend'] == generation.suspensions == 2
     assert policy.calls['end'] == 1
     assert policy.calls['step'] == generation.tokens + 1           # + the EOS iteration
     assert all(s == ('a',) for s in policy.stepped)

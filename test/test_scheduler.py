@@ -6,12 +6,15 @@ import numpy as np
 import pytest
 from utils import make_scheduler, make_spec, tiny_calibration
 
+from timelyllm_ros.core.clock import SimClock
 from timelyllm_ros.core.events import Dispatch
 from timelyllm_ros.core.request import TaskStatus
-from timelyllm_ros.core.scheduler import NO_SKILL_ERROR, Scheduler
+from timelyllm_ros.core.scheduler import NO_SKILL_ERROR, Scheduler, SchedulerConfig
 from timelyllm_ros.core.tuf import Tuf
 from timelyllm_ros.engines.calibration import load_calibration
+from timelyllm_ros.engines.sim import SimulatedEngine
 from timelyllm_ros.errors import EngineError, GoalError, TufError
+from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
 
 CAL = load_calibration()
 COMM = 0.008
@@ -34,7 +37,10 @@ def _run(scheduler: Scheduler, max_ticks: int = 200) -> list[tuple[int, Dispatch
 
 
 def test_timelyllm_single_task_segments() -> None:
-    scheduler, clock, engine = make_scheduler('timelyllm')
+    """The paper's mechanism (``suspend_on_next_statement`` off): suspended at each cut, and
+    resumed once more after the last segment to find the plan's end."""
+    scheduler, clock, engine = make_scheduler(
+        'timelyllm', SchedulerConfig(suspend_on_next_statement=False))
     generation = scheduler.submit(make_spec(plan='mf(50);tc(90)'))
     assert generation.status == TaskStatus.WAITING and 't0' in scheduler.queue
     # pieces: 'mf' '(' '50' ');' 'tc' '(' '90' ')'; prefill emits 'mf', the 4th piece cuts
@@ -82,6 +88,97 @@ def test_timelyllm_single_task_segments() -> None:
     assert generation.status == TaskStatus.FINISHED and generation.done_time == 5.5
 
 
+def test_a_cut_generation_leaves_the_batch_once_its_next_statement_begins() -> None:
+    """By default a cut generation decodes on through the separators after its segment and is
+    suspended with the first token of its next statement; after the last segment the plan's
+    end comes in the same way, without a resume. The segments, and the hooks the policy
+    hears (each cut at the cut, each suspension when it happens, then the end), are the
+    paper mechanism's."""
+    events: list[tuple[str, int, str]] = []
+
+    class Recording(TimelyLlmPolicy):
+        def on_cut(self, generation, now):  # type: ignore[no-untyped-def]
+            events.append(('cut', generation.k, generation.status.name))
+            super().on_cut(generation, now)
+
+        def on_suspend(self, generation, now):  # type: ignore[no-untyped-def]
+            events.append(('suspend', generation.k, generation.status.name))
+
+        def on_end(self, generation, now):  # type: ignore[no-untyped-def]
+            events.append(('end', generation.k, generation.status.name))
+            super().on_end(generation, now)
+
+    clock = SimClock()
+    engine = SimulatedEngine()
+    scheduler = Scheduler(Recording(), engine, clock)
+    generation = scheduler.submit(make_spec(plan='mf(50);tc(90)'))
+    # pieces: 'mf' '(' '50' ');' 'tc' '(' '90' ')'; the 4th cuts segment 0 after its separator
+    outs = [scheduler.tick() for _ in range(4)]
+    assert [len(o.dispatches) for o in outs] == [0, 0, 0, 1]
+    seg0 = outs[3].dispatches[0].segment
+    assert (seg0.index, seg0.text, seg0.tokens) == (0, 'mf(50)', 4)
+    assert events == [('cut', 1, 'RUNNING')]
+    # still in the batch, KV running: the next statement has not begun
+    assert generation.status == TaskStatus.RUNNING and generation.suspensions == 0
+    assert 't0' not in scheduler.queue and engine.running == ('t0',)
+    scheduler.tick()                                   # 'tc': the next statement began
+    assert generation.status == TaskStatus.SUSPENDED and generation.suspensions == 1
+    assert 't0' in scheduler.queue and engine.running == ()
+    assert engine.kv.location('t0') == 'gpu' and generation.segment_tokens == 1
+    assert events[1:] == [('suspend', 1, 'SUSPENDED')]
+    here_admissions, rest = 1, []
+    while scheduler.has_work:
+        out = scheduler.tick()
+        here_admissions += len(out.decision.admitted)
+        rest.extend(out.dispatches)
+    seg1 = rest[0].segment
+    assert (seg1.index, seg1.text, seg1.tokens) == (1, ';tc(90)', 4)
+    assert [c.skill for c in seg1.calls] == ['turn_cw']
+    # the plan ended right after its last segment: no second suspension, no resume for it
+    assert generation.status == TaskStatus.GENERATED and generation.finish_reason == 'eos'
+    assert generation.suspensions == 1
+    assert [s.is_last for s in generation.segments] == [False, True]
+    assert events[2:] == [('cut', 2, 'RUNNING'), ('end', 2, 'GENERATED')]
+    # the same segments as the paper's mechanism, with one admission fewer (its last resume)
+    at_cut, _, _ = make_scheduler('timelyllm', SchedulerConfig(suspend_on_next_statement=False))
+    paper = at_cut.submit(make_spec(plan='mf(50);tc(90)'))
+    admissions = 0
+    while at_cut.has_work:
+        admissions += len(at_cut.tick().decision.admitted)
+    assert [(s.text, s.statements) for s in paper.segments] == [
+        (s.text, s.statements) for s in generation.segments]
+    assert paper.suspensions == 2 and admissions == 3
+    assert here_admissions == 2                                 # here: a start and one resume
+
+
+def test_a_cut_generation_the_policy_does_not_let_decode_is_suspended() -> None:
+    """A generation between statements that the policy's decode mask leaves out is suspended
+    after that iteration, not kept in the batch without decoding; one the engine did not
+    decode otherwise (a prefill-only iteration) stays."""
+
+    class Masking(TimelyLlmPolicy):
+        mask: frozenset[str] | None = None
+
+        def decode_mask(self, ctx):  # type: ignore[no-untyped-def]
+            return self.mask
+
+    policy = Masking()
+    scheduler = Scheduler(policy, SimulatedEngine(), SimClock())
+    # pieces: 'mf' '(' '50' ');' '\n' 'tc' '(' '90' ')': a newline between the statements
+    generation = scheduler.submit(make_spec(plan='mf(50);\ntc(90)'))
+    for _ in range(5):
+        scheduler.tick()
+    assert generation.status == TaskStatus.RUNNING and len(generation.segments) == 1
+    assert generation.segment_tokens == 1                # the newline: still between statements
+    policy.mask = frozenset({'another goal'})
+    scheduler.tick()
+    assert generation.status == TaskStatus.SUSPENDED and generation.suspensions == 1
+    policy.mask = None
+    _run(scheduler)
+    assert generation.status == TaskStatus.GENERATED and generation.suspensions == 1
+    assert [s.text for s in generation.segments] == ['mf(50)', ';\ntc(90)']
+
+
 def test_vllm_one_segment_at_eos() -> None:
     scheduler, clock, _ = make_scheduler('vllm')
     generation = scheduler.submit(make_spec(plan='mf(50);tc(90)'))
@@ -113,7 +210,7 @@ def test_vllm_stream_dispatches_without_suspending() -> None:
 def test_report_segment_updates_need_time() -> None:
     scheduler, clock, _ = make_scheduler('timelyllm')
     generation = scheduler.submit(make_spec())
-    for _ in range(4):
+    for _ in range(5):           # 'mf' '(' '50' ');' cut segment 0, 'tc' began the next
         scheduler.tick()
     assert generation.status == TaskStatus.SUSPENDED
     clock.advance_to(7.25)
@@ -186,7 +283,7 @@ def test_cancel_queued_and_suspended() -> None:
     assert queued.status == TaskStatus.CANCELLED and queued.error == 'operator'
     assert len(scheduler.queue) == 0 and not scheduler.has_work
     suspended = scheduler.submit(make_spec(task_id='s'))
-    for _ in range(4):
+    for _ in range(5):           # 'mf' '(' '50' ');' cut segment 0, 'tc' began the next
         scheduler.tick()
     assert suspended.status == TaskStatus.SUSPENDED
     scheduler.cancel('s')
@@ -195,6 +292,28 @@ def test_cancel_queued_and_suspended() -> None:
     with pytest.raises(EngineError):
         engine.pause('s')
     assert engine.kv.gpu_free == engine.kv.gpu_blocks
+
+
+def test_a_goal_cancelled_or_failed_between_statements_leaves_nothing_behind() -> None:
+    """Cancelled after its cut, while it decodes on to its next statement, or its robot
+    failing the segment then: the goal ends there, its KV freed, and it is never suspended."""
+    for end in ('cancel', 'robot failure'):
+        scheduler, _, engine = make_scheduler('timelyllm')
+        generation = scheduler.submit(make_spec())
+        for _ in range(4):
+            scheduler.tick()
+        assert generation.status == TaskStatus.RUNNING and len(generation.segments) == 1
+        if end == 'cancel':
+            scheduler.cancel('t0')
+            assert generation.status == TaskStatus.CANCELLED
+        else:
+            scheduler.report_segment('t0', 0, 0.3, 0.9, success=False, error='motor stalled')
+            assert generation.status == TaskStatus.FAILED
+        while scheduler.has_work:
+            scheduler.tick()
+        assert generation.suspensions == 0 and 't0' not in scheduler.queue
+        assert engine.running == () and engine.kv.gpu_free == engine.kv.gpu_blocks
+        assert not scheduler.invariant_violations()
 
 
 def test_no_executable_skill_fails() -> None:
@@ -240,7 +359,7 @@ def test_engine_failure_fails_running_and_keeps_serving() -> None:
 def test_robot_failure() -> None:
     scheduler, _, engine = make_scheduler('timelyllm')
     generation = scheduler.submit(make_spec())
-    for _ in range(4):
+    for _ in range(5):           # 'mf' '(' '50' ');' cut segment 0, 'tc' began the next
         scheduler.tick()
     assert generation.status == TaskStatus.SUSPENDED
     scheduler.report_segment('t0', 0, 0.3, 0.9, success=False, error='motor stalled')

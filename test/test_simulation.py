@@ -369,7 +369,8 @@ def test_task_metrics_from_a_run() -> None:
     assert m.completion_time_s == 5.5
     # TUF₀(1.0) = 1 (at ERT); TUF₁(0.5) = -2 * 0.5 + 1 = 0; plan utility = 1 + 0
     assert m.utility == 1.0 and m.plan_utility == 1.0 and m.utility_max == 1.0
-    assert m.status == 'FINISHED' and m.segments == 2 and m.suspensions == 2
+    # suspended once: the plan ended right after its second segment, without a resume
+    assert m.status == 'FINISHED' and m.segments == 2 and m.suspensions == 1
 
 
 def test_task_metrics_failed() -> None:

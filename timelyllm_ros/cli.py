@@ -90,7 +90,8 @@ def _replays_plans(engine: str) -> bool:
 def _config(args: argparse.Namespace) -> SchedulerConfig:
     return SchedulerConfig(comm_s=args.comm_ms / 1000.0, max_batch=args.max_batch,
                            batch_mode=getattr(args, 'batch_mode', 'latency-guided'),
-                           grammar=not getattr(args, 'no_grammar', False))
+                           grammar=not getattr(args, 'no_grammar', False),
+                           suspend_on_next_statement=not getattr(args, 'suspend_at_cut', False))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -574,6 +575,10 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--batch-mode', choices=BATCH_MODES, default='latency-guided',
                         help="TimelyLLM's admission: latency-guided (§4.4, default) or fixed "
                              "(batch cap and memory only, as the paper's batch sweeps)")
+    parser.add_argument('--suspend-at-cut', action='store_true',
+                        help='suspend a segmented generation at each cut, as the paper states '
+                             'it (default: once its next statement begins, so that a plan '
+                             'ending there needs no resume)')
     parser.add_argument('--calibration', default=None, help='calibration name or YAML path')
     parser.add_argument('--no-prefix-cache', action='store_true',
                         help='engine without prefix caching (every prompt fully prefilled)')

@@ -14,6 +14,13 @@ tick's :class:`Decision`, as vLLM's scheduler returns a ``SchedulerOutput``), th
    will need its next segment as priority input; when a generation ends, its last segment is
    dispatched (or, for the ``vllm`` policy, the whole plan).
 
+A cut generation is suspended once its next statement begins, not at the cut itself
+(``SchedulerConfig.suspend_on_next_statement``, on by default): it decodes on through the
+separators after its segment, so that a plan whose last segment was just cut ends there. At
+the cut (the paper's mechanism) every plan was suspended once more only to be resumed for its
+end of text: one admission and one resume per goal, a third of all admissions under overload
+(``benchmarks/overload.py``, 1,000 robots).
+
 Robots report each segment's real start/end through :meth:`Scheduler.report_segment`, which
 replaces the estimate of when the next segment is needed. The scheduler is clock-agnostic:
 the same loop runs on a :class:`~timelyllm_ros.core.clock.SimClock` (simulation) or a wall clock.
@@ -89,6 +96,9 @@ class SchedulerConfig:
                                            # segment's dispatch or after the planner's now
     grammar: bool = True             # constrain robot plans to their profile's grammar, on
                                      # engines with the 'grammar' capability
+    suspend_on_next_statement: bool = True   # a cut generation leaves the batch once its next
+                                     # statement begins (the separators after a cut and the
+                                     # plan's end are decoded first), not at the cut itself
 
     def __post_init__(self) -> None:
         for name in ('comm_s', 'report_timeout_margin_s', 'report_clock_tolerance_s'):
@@ -195,6 +205,8 @@ class Scheduler:
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
         self._running: dict[str, Generation] = {}
+        # cut, still running until their next statement begins (in the order of their cuts)
+        self._between: dict[str, None] = {}
         self._deadlines: list[tuple[float, int, str, int]] = []  # (due, seq, task, segment)
         self._deadline_seq = 0
         self._events: list[SchedulerEvent] = []   # not yet drained, in order
@@ -574,6 +586,15 @@ class Scheduler:
             failing = self.generations.get(task_id)
             if failing is not None and not failing.status.terminal:
                 self._end(failing, TaskStatus.FAILED, f'engine failure: {why}')
+        masked = decision.decode_mask
+        for task_id in list(self._between):
+            between = self._running.get(task_id)
+            if between is None:
+                del self._between[task_id]      # never seen: every way out removes it
+            elif ((masked is not None and task_id not in masked)
+                  or not self._segmenters[task_id].between_statements):
+                # its next statement began (or the policy does not let it decode)
+                self._isolated(between, self._suspend, between, now)
 
     def _isolated(self, generation: Generation, handler: Callable[..., None],
                   *args: object) -> None:
@@ -637,6 +658,7 @@ class Scheduler:
             self.engine.pause(task_id)
 
     def _requeue_preempted(self, generation: Generation) -> None:
+        self._between.pop(generation.task_id, None)
         generation.preemptions += 1
         generation.status = TaskStatus.WAITING if generation.k == 0 else TaskStatus.SUSPENDED
         self.queue.push(generation, self._profile(generation).segment_generation_s)
@@ -656,7 +678,8 @@ class Scheduler:
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float) -> None:
         generation.rejected.extend(s.error or '' for s in cut.rejected)
-        if self.policy.segmented:
+        lingers = self.policy.segmented and self.config.suspend_on_next_statement
+        if self.policy.segmented and not lingers:
             # Pause first: if the engine fails here the goal ends before anything is sent.
             self.engine.pause(generation.task_id)
         if self.policy.streaming:
@@ -664,12 +687,35 @@ class Scheduler:
         else:
             generation.held.extend(cut.statements)
             generation.held_text += cut.text
-        if self.policy.segmented:
-            del self._running[generation.task_id]
-            generation.status = TaskStatus.SUSPENDED
-            generation.suspensions += 1
-            self.queue.push(generation, self._profile(generation).segment_generation_s)
+        if lingers:
+            # It decodes on until its next statement begins: a plan that ends here ends
+            # without a resume (else each plan is resumed once more only to end).
+            self._between[generation.task_id] = None
+        elif self.policy.segmented:
+            self._to_queue(generation)
         self.policy.on_cut(generation, now)
+        if self.policy.segmented and not lingers:
+            self.policy.on_suspend(generation, now)
+
+    def _to_queue(self, generation: Generation) -> None:
+        """A cut generation leaves the batch for the queue (its KV kept, paused)."""
+        del self._running[generation.task_id]
+        generation.status = TaskStatus.SUSPENDED
+        generation.suspensions += 1
+        self.queue.push(generation, self._profile(generation).segment_generation_s)
+
+    def _suspend(self, generation: Generation, now: float) -> None:
+        """Suspend a generation whose next statement began after a cut."""
+        del self._between[generation.task_id]
+        try:
+            self.engine.pause(generation.task_id)
+        except Exception as err:  # noqa: BLE001 - the engine fault ends this goal only
+            logger.error('engine failed to suspend %s: %s', generation.task_id, err)
+            self._end(generation, TaskStatus.FAILED,
+                      f'engine failure: could not suspend the generation: {describe_error(err)}')
+            return
+        self._to_queue(generation)
+        self.policy.on_suspend(generation, now)
 
     def _on_finish(self, generation: Generation, reason: str, now: float) -> None:
         cut = self._segmenters[generation.task_id].finish('length' if reason == 'length' else
@@ -756,6 +802,7 @@ class Scheduler:
         self._events.append(Ended(generation))
 
     def _release(self, generation: Generation) -> None:
+        self._between.pop(generation.task_id, None)
         task_id = generation.task_id
         if task_id in self.queue:
             self.queue.remove(task_id)

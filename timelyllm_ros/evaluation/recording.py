@@ -125,8 +125,10 @@ class Recording(BaseModel):
     runs: tuple[RecordedRun, ...]
 
     def config(self) -> SchedulerConfig:
-        """The scheduler settings the runs had."""
-        return SchedulerConfig(**self.scheduler)  # type: ignore[arg-type]
+        """The scheduler settings the runs had (a recording from before
+        ``suspend_on_next_statement`` suspended its generations at each cut)."""
+        fields = {'suspend_on_next_statement': False, **self.scheduler}
+        return SchedulerConfig(**fields)  # type: ignore[arg-type]
 
 
 def recorded_run(policy: str, twins: Sequence[TaskSpec], real: SimulationResult,

@@ -104,6 +104,12 @@ class Segmenter:
         """Everything fed so far."""
         return self._text
 
+    @property
+    def between_statements(self) -> bool:
+        """Whether nothing but separators (``;``, whitespace) came since the last cut: the
+        next statement has not begun (or the output has none yet)."""
+        return _NONSPACE.search(self._text, self._cut_end) is None
+
     def feed(self, delta: str) -> Cut | None:
         """Append newly detokenized text and cut when executable statements completed.
 

@@ -372,8 +372,13 @@ class AutellixPolicy(PlannedBatchPolicy):
 
     def on_cut(self, generation: Generation, now: float) -> None:
         self._complete(generation.task_id, now)
-        if generation.status in (TaskStatus.WAITING, TaskStatus.SUSPENDED):
-            self._arrive(generation, now)                    # the next segment's call
+        # its program stays live: the generation runs on until it is suspended or ends
+        entry = self.table.get(self.program_id(generation))
+        if entry is not None:
+            self._activate(entry, generation.task_id)
+
+    def on_suspend(self, generation: Generation, now: float) -> None:
+        self._arrive(generation, now)                        # the next segment's call
 
     def on_end(self, generation: Generation, now: float) -> None:
         task_id = generation.task_id

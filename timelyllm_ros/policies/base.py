@@ -101,7 +101,15 @@ class Policy(ABC):
         return
 
     def on_cut(self, generation: Generation, now: float) -> None:
-        """A segment of ``generation`` was cut (for segmented policies: it is now suspended)."""
+        """A segment of ``generation`` was cut (and sent, for streaming policies). A segmented
+        generation leaves the batch when its next statement begins (:meth:`on_suspend`) or
+        ends there (:meth:`on_end`), or at the cut itself with the scheduler's
+        ``suspend_on_next_statement`` off."""
+        return
+
+    def on_suspend(self, generation: Generation, now: float) -> None:
+        """A segmented ``generation`` left the batch for the queue after a cut (its KV kept):
+        it waits to generate its next segment."""
         return
 
     def on_end(self, generation: Generation, now: float) -> None:

@@ -338,9 +338,8 @@ class SemanticPolicy(PlannedBatchPolicy):
         self._length[task_id] = max(int(self.length_predictor.predict(generation.spec)), 1)
         self._arrived.append(task_id)
 
-    def on_cut(self, generation: Generation, now: float) -> None:
-        if generation.status in QUEUED:
-            self._arrived.append(generation.task_id)   # a resumed segment re-enters like new
+    def on_suspend(self, generation: Generation, now: float) -> None:
+        self._arrived.append(generation.task_id)       # a resumed segment re-enters like new
 
     def on_step(self, result: StepResult, stepped: Any, ctx: AdmissionContext) -> None:
         super().on_step(result, stepped, ctx)
