@@ -2,7 +2,7 @@
 
     python3 benchmarks/overload.py [--robots 1000] [--seed 0] [--burst-s 2] [--tasks-per-robot 1]
                                    [--policies vllm,timelyllm,timelyllm-share] [--batch-mode fixed]
-                                   [--repeats 1] [--json]
+                                   [--repeats 1] [--suspend-at-cut] [--json]
 
 Every robot of the fleet (a Tello drone running one of the drone traces T1–T8: T1–T5 normal,
 T6–T8 urgent) sends its goals within ``burst_s`` simulated seconds, far more than the engine
