@@ -678,8 +678,8 @@ class Scheduler:
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float) -> None:
         generation.rejected.extend(s.error or '' for s in cut.rejected)
-        lingers = self.policy.segmented and self.config.suspend_on_next_statement
-        if self.policy.segmented and not lingers:
+        suspend_now = self.policy.segmented and not self.config.suspend_on_next_statement
+        if suspend_now:
             # Pause first: if the engine fails here the goal ends before anything is sent.
             self.engine.pause(generation.task_id)
         if self.policy.streaming:
@@ -687,14 +687,14 @@ class Scheduler:
         else:
             generation.held.extend(cut.statements)
             generation.held_text += cut.text
-        if lingers:
+        if suspend_now:
+            self._to_queue(generation)
+        elif self.policy.segmented:
             # It decodes on until its next statement begins: a plan that ends here ends
             # without a resume (else each plan is resumed once more only to end).
             self._between[generation.task_id] = None
-        elif self.policy.segmented:
-            self._to_queue(generation)
         self.policy.on_cut(generation, now)
-        if self.policy.segmented and not lingers:
+        if suspend_now:
             self.policy.on_suspend(generation, now)
 
     def _to_queue(self, generation: Generation) -> None:

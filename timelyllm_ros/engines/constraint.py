@@ -182,10 +182,10 @@ def gbnf_lark(gbnf: str) -> str:
     Raises:
         ValueError: the converter cannot read the grammar.
     """
-    from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
+    from llguidance.gbnf_to_lark import is_lark_syntax
 
     if is_lark_syntax(gbnf) or _MARK_OPEN in gbnf:
-        return _converted(any_to_lark, gbnf)
+        return _converted(gbnf)
     literals: list[str] = []
 
     def placeholder(piece: re.Match[str]) -> str:
@@ -198,26 +198,22 @@ def gbnf_lark(gbnf: str) -> str:
     shape = _GBNF_PIECE.sub(placeholder, gbnf)
     template = _LARK_SHAPES.pop(shape, None)      # taken and put back last: the newest
     if template is None:
-        template = _converted(any_to_lark, shape)
+        template = _converted(shape)
     _LARK_SHAPES[shape] = template
     while len(_LARK_SHAPES) > LARK_SHAPES_KEPT:
         _LARK_SHAPES.popitem(last=False)
-    written = [0]
-
-    def literal(mark: re.Match[str]) -> str:
-        written[0] += 1
-        return literals[int(mark.group(1))]
-
-    lark = _MARK.sub(literal, template)
-    if written[0] != len(literals):     # never seen: the converter dropped or repeated one
-        return _converted(any_to_lark, gbnf)
+    lark, written = _MARK.subn(lambda mark: literals[int(mark.group(1))], template)
+    if written != len(literals):        # never seen: the converter dropped or repeated one
+        return _converted(gbnf)
     return lark
 
 
-def _converted(convert: Callable[[str], str], gbnf: str) -> str:
+def _converted(gbnf: str) -> str:
     """llguidance's conversion, its errors as ``llguidance.grammar_from`` gives them."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
     try:
-        return convert(gbnf)
+        return any_to_lark(gbnf)
     except Exception as err:   # noqa: BLE001 -- the converter raises several kinds
         raise ValueError(f'Failed to convert the grammar from GBNF to Lark: {err}') from None
 
