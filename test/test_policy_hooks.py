@@ -94,6 +94,23 @@ def test_observers_see_every_submit_step_cut_and_end() -> None:
     assert all(s == ('a',) for s in policy.stepped)
 
 
+def test_a_step_observer_set_on_the_instance_is_told_every_step() -> None:
+    # The scheduler skips building each step's context for a policy that keeps the base
+    # class's on_step; one assigned to the instance (a mock, a wrapper) must still be told.
+    class Quiet(Recording):
+        on_step = Policy.on_step
+
+    policy = Quiet()
+    steps: list[float] = []
+    policy.on_step = lambda result, stepped, ctx: steps.append(ctx.now)  # type: ignore[method-assign]
+    scheduler, _ = _scheduler(policy)
+    generation = scheduler.submit(make_spec('a', plan='mf(50);tc(90)'))
+    _run_until_generated(scheduler)
+    assert generation.status == TaskStatus.GENERATED
+    assert len(steps) == generation.tokens + 1 and steps == sorted(steps)
+    assert steps[-1] == scheduler.clock.now()       # the clock already moved past the step
+
+
 def test_overrun_kill_ends_the_generation_and_frees_its_memory() -> None:
     policy = Recording()
     scheduler, engine = _scheduler(policy)

@@ -202,6 +202,8 @@ class Scheduler:
         self.profiles = profiles if isinstance(profiles, ProfileCache) else ProfileCache(profiles)
         self.queue = GenerationQueue()
         policy.attach(self.engine_view, self._cap)
+        # a policy that does not observe steps is not handed each step's context
+        self._tells_steps = getattr(policy.on_step, '__func__', None) is not Policy.on_step
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
         self._running: dict[str, Generation] = {}
@@ -566,9 +568,10 @@ class Scheduler:
         out.prefill_tokens, out.cached_tokens = result.prefill_tokens, result.prefix_cached_tokens
         self._note_speed(result)
         now = self.clock.now()
-        stepped = [self._running[r] for r in dict.fromkeys((*result.text, *result.finished))
-                   if r in self._running]   # once each, even with a token and a finish
-        self.policy.on_step(result, stepped, replace(ctx, now=now))
+        if self._tells_steps:
+            stepped = [self._running[r] for r in dict.fromkeys((*result.text, *result.finished))
+                       if r in self._running]   # once each, even with a token and a finish
+            self.policy.on_step(result, stepped, replace(ctx, now=now))
         for task_id, piece in result.text.items():
             producing = self._running.get(task_id)
             if producing is not None:
