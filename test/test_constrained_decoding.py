@@ -12,6 +12,7 @@ reason, when an engine's package or llguidance is missing.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -206,6 +207,44 @@ def test_a_grammar_that_does_not_compile_refuses_the_request(engine: Engine) -> 
         engine.register(EngineRequest('broken', PROMPT, 16, 8, grammar='root ::= ('))
     engine.register(EngineRequest('after', PROMPT, 16, 4))   # the engine still works
     engine.release('after')
+
+
+def test_a_grammar_prepared_in_a_goals_thread_is_not_compiled_again_at_registration(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    import llguidance
+
+    _generate(engine, GRAMMAR.gbnf)     # the first constrained request builds the tokenizer
+    real, compiled = llguidance.LLMatcher, []
+
+    class Counting:
+        grammar_from_lark = staticmethod(real.grammar_from_lark)
+
+        def __new__(cls, *args: Any) -> Any:
+            compiled.append(args)
+            return real(*args)
+
+    monkeypatch.setattr(llguidance, 'LLMatcher', Counting)
+    scene = plan_grammar(TELLO, ('kettle', 'mug'))      # a scene no other test grounds
+    assert scene is not None
+    request = replace(plan_request(TELLO, 'ahead', TASK, prompt_tokens=16, task_tokens=8,
+                                   grammar=True), grammar=scene.gbnf)
+    worker = threading.Thread(target=engine.prepare_request, args=(request,))
+    worker.start()
+    worker.join()
+    # llguidance engines compile it there; llama.cpp builds its own grammar per generation
+    assert len(compiled) == (0 if engine._built_grammar_tokenizer() is None  # type: ignore[attr-defined]
+                             else 1)
+    ahead = len(compiled)
+    ids, text, reason = _generate(engine, scene.gbnf)
+    assert len(compiled) == ahead                       # registration found it compiled
+    assert reason == 'eos', text
+    statements = [s for cut in segment_text(TELLO, text) for s in cut.statements]
+    assert statements and all(statement_problem(TELLO, s) is None for s in statements), text
+    # one that does not compile is left for registration to refuse, with the reason
+    broken = EngineRequest('broken', PROMPT, 16, 8, grammar='root ::= (')
+    engine.prepare_request(broken)
+    with pytest.raises(EngineError, match='grammar'):
+        engine.register(broken)
 
 
 def test_the_device_mask_picks_what_the_host_mask_picks() -> None:

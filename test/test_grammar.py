@@ -9,6 +9,7 @@ a constrained model may write, the segmenter accepts, within the robot's limits.
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -297,6 +298,47 @@ def test_goals_of_one_grammar_share_its_compile_and_keep_their_own_state(byte_to
         assert len(byte_tokenizer._compiled) == 2
     finally:
         constraint.MATCHERS_KEPT = kept
+
+
+def test_threads_preparing_and_taking_grammars_at_once_keep_every_one_whole(
+        byte_tokenizer, monkeypatch) -> None:
+    # Goals' threads prepare their grammars (Scheduler.prepare) while the loop takes grammar
+    # states; a small cache makes the threads evict each other's entries all the time.
+    from timelyllm_ros.engines import constraint
+    from timelyllm_ros.errors import EngineError
+
+    monkeypatch.setattr(constraint, 'MATCHERS_KEPT', 3)
+    tello = load_profile('tello')
+    scenes = [(name,) for name in ('cat', 'dog', 'cup', 'box', 'pen', 'mug', 'key', 'hat')]
+    grammars = {scene: plan_grammar(tello, scene).gbnf for scene in scenes}
+    failures: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        start.wait()
+        try:
+            for _ in range(60):
+                scene = rng.choice(scenes)
+                if rng.random() < 0.5:
+                    byte_tokenizer.prepare(grammars[scene])
+                else:
+                    plan = f"s('{scene[0]}');g('{scene[0]}')"
+                    assert accepts(byte_tokenizer, grammars[scene], plan), scene
+                    other = next(s for s in scenes if s != scene)
+                    assert not accepts(byte_tokenizer, grammars[scene], f"s('{other[0]}')")
+            with pytest.raises(EngineError, match='does not compile'):
+                byte_tokenizer.prepare('root ::= (')
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
+            failures.append(err)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+    assert len(byte_tokenizer._compiled) <= 3
 
 
 @pytest.mark.parametrize('robot, objects, plan', [

@@ -235,6 +235,7 @@ def test_report_segment_updates_need_time() -> None:
 ])
 def test_bad_goals(kwargs: dict, match: str) -> None:
     scheduler, _, _ = make_scheduler()
+    scheduler.prepare(make_spec(**kwargs))      # left for submit to refuse, with the reason
     with pytest.raises(GoalError, match=match):
         scheduler.submit(make_spec(**kwargs))
     assert scheduler.generations == {} and len(scheduler.queue) == 0

@@ -71,6 +71,29 @@ def test_a_goal_streams_its_segments_then_ends_when_executed(service):
     assert goal_id not in service.scheduler.generations   # forgotten once reported
 
 
+def test_a_goals_request_is_prepared_in_its_own_thread_and_registered_on_the_loop(
+        service, monkeypatch):
+    # What registration computes (a real engine's plan grammar) is done in the goal's thread,
+    # before the loop registers the same request: a burst of goals does not stall the loop.
+    engine = service.scheduler.engine
+    calls: dict[str, list] = {'prepare_request': [], 'register': []}
+    def spy(inner, made):
+        def call(request):
+            made.append((request, threading.get_ident()))
+            return inner(request)
+        return call
+
+    for name, made in calls.items():
+        monkeypatch.setattr(engine, name, spy(getattr(engine, name), made))
+    recorder = Recorder()
+    service.submit(PlanGoal('drone_0', 'tello', CAT), recorder.on_segment, recorder.on_end)
+    wait_for(lambda: recorder.segments)
+    [(prepared, preparing)] = calls['prepare_request']
+    [(registered, registering)] = calls['register']
+    assert preparing == threading.get_ident() != registering
+    assert prepared == registered
+
+
 def test_bad_goals_are_refused_at_once_with_the_reason(service):
     with pytest.raises(GoalError, match='unknown robot kind'):
         service.submit(PlanGoal('x', 'submarine', 'dive'), print, print)

@@ -221,6 +221,20 @@ class Scheduler:
         self.decision_cpu_s: array[float] = array('d')
 
     # -- requests ---------------------------------------------------------------------------
+    def prepare(self, spec: TaskSpec) -> None:
+        """Do ahead, in the caller's thread, what :meth:`submit` of this goal will compute
+        beside the loop's work: its engine request is built and the engine prepares it
+        (:meth:`~timelyllm_ros.engines.base.Engine.prepare_request`: a real engine compiles
+        the plan grammar, milliseconds for each new scene), so that submitting it on the loop
+        finds that done. Safe while the loop runs (it reads the profiles and the engine's
+        caches only); a goal it cannot prepare is left for :meth:`submit` to refuse."""
+        try:
+            request = task_request(self.profile(spec.profile), spec,
+                                   grammar=self.config.grammar and self.engine.supports('grammar'))
+            self.engine.prepare_request(request)
+        except Exception as err:  # noqa: BLE001 - submit refuses the goal with its reason
+            logger.debug('could not prepare %s ahead: %s', spec.task_id, err)
+
     def submit(self, spec: TaskSpec) -> Generation:
         """Queue a new plan request.
 

@@ -270,6 +270,14 @@ class Engine(ABC):
     def register(self, request: EngineRequest) -> None:
         """Make a request known (no memory is used until :meth:`run`)."""
 
+    def prepare_request(self, request: EngineRequest) -> None:
+        """Do ahead what registering ``request`` will compute, so that :meth:`register` on
+        the scheduler's loop finds it done (a real engine compiles the plan grammar). Called
+        from a goal's own thread while the loop drives the engine: it must be safe beside any
+        other call, changes nothing the engine runs, and raises nothing (a request it cannot
+        prepare is left for :meth:`register` to refuse). By default nothing is prepared."""
+        return
+
     @abstractmethod
     def can_run(self, request_id: str) -> bool:
         """Whether KV memory allows adding this generation to the running batch now."""

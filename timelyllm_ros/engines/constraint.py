@@ -145,14 +145,30 @@ class LlguidanceTokenizer:
         Raises:
             EngineError: the grammar does not compile.
         """
+        return LlguidanceGrammar(self._pristine(gbnf).deep_copy(), self.vocab_size,
+                                 self.eos_ids)
+
+    def prepare(self, gbnf: str) -> None:
+        """Compile a grammar into the cache, so that :meth:`grammar` finds it (from any
+        thread: a goal's own, beside the loop's calls).
+
+        Raises:
+            EngineError: the grammar does not compile.
+        """
+        self._pristine(gbnf)
+
+    def _pristine(self, gbnf: str) -> Any:
+        """The compiled matcher of a grammar at its start, from the cache or compiled now.
+
+        Compiling costs milliseconds (a grounded arm grammar of seven objects: 7 ms, its Lark
+        text from the shape's conversion); a copy of the matcher costs microseconds, so goals
+        of one scene share one compile. Every step on the cache is one dict operation, so
+        callers in several threads never see it half changed; two that race compile one
+        grammar twice at worst.
+        """
         llguidance = _import_llguidance()
-        pristine = self._compiled.get(gbnf)
-        if pristine is not None:
-            self._compiled.move_to_end(gbnf)
-        else:
-            # Compiling costs milliseconds (a grounded arm grammar of seven objects: 7 ms,
-            # its Lark text from the shape's conversion); a copy of the matcher at its start
-            # costs microseconds, so goals of one scene share one compile.
+        pristine = self._compiled.pop(gbnf, None)     # taken and put back last: the newest
+        if pristine is None:
             try:
                 pristine = llguidance.LLMatcher(
                     self.handle, llguidance.LLMatcher.grammar_from_lark(gbnf_lark(gbnf)))
@@ -160,10 +176,10 @@ class LlguidanceTokenizer:
                 raise EngineError(f'the grammar does not compile: {err}') from None
             if pristine.is_error():
                 raise EngineError(f'the grammar does not compile: {pristine.get_error()}')
-            self._compiled[gbnf] = pristine
-            while len(self._compiled) > MATCHERS_KEPT:
-                self._compiled.popitem(last=False)
-        return LlguidanceGrammar(pristine.deep_copy(), self.vocab_size, self.eos_ids)
+        self._compiled[gbnf] = pristine
+        while len(self._compiled) > MATCHERS_KEPT:
+            self._compiled.popitem(last=False)
+        return pristine
 
 
 def gbnf_lark(gbnf: str) -> str:

@@ -113,6 +113,9 @@ class FaultInjectingEngine(Engine):
     def token_ids(self, request_id: str) -> tuple[int, ...]:
         return self.inner.token_ids(request_id)
 
+    def prepare_request(self, request: EngineRequest) -> None:
+        self.inner.prepare_request(request)     # raises nothing: faults come at register
+
     def register(self, request: EngineRequest) -> None:
         self._maybe_fail('register', request.request_id)
         self.inner.register(request)

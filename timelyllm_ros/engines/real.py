@@ -39,7 +39,7 @@ from timelyllm_ros.engines.base import (
     FinishReason,
     StepResult,
 )
-from timelyllm_ros.engines.constraint import TokenGrammar
+from timelyllm_ros.engines.constraint import LlguidanceTokenizer, TokenGrammar
 from timelyllm_ros.engines.kept import KeptTokens, take_token
 from timelyllm_ros.engines.observed import ObservedLatency
 from timelyllm_ros.errors import EngineError
@@ -170,6 +170,11 @@ class RealEngine(BatchingEngine[G]):
         raise EngineError(f'the {self.backend_name} engine cannot constrain decoding to a '
                           'grammar')
 
+    def _built_grammar_tokenizer(self) -> LlguidanceTokenizer | None:
+        """The llguidance tokenizer the engine compiles plan grammars with, once built (None
+        before its first constrained request, or where grammars are compiled otherwise)."""
+        return None
+
     def _joined(self, generation: G) -> None:
         """A generation joins the running batch: by default its kept KV is a resume."""
         if generation.location == 'device' and generation.cached:
@@ -185,6 +190,22 @@ class RealEngine(BatchingEngine[G]):
         """A generation was released: free what the backend holds of it."""
 
     # -- Engine interface -------------------------------------------------------------------
+    def prepare_request(self, request: EngineRequest) -> None:
+        """Compile the request's plan grammar into the engine's llguidance cache, the part of
+        :meth:`register` that costs milliseconds for each new scene (the goal's thread pays
+        it, not the loop). The tokenizer is built by the first constrained request's
+        registration, on the loop: reading the vocabulary beside the loop's own use of the
+        tokenizer is not safe."""
+        if request.grammar is None or self.force_script or not self.supports('grammar'):
+            return
+        tokenizer = self._built_grammar_tokenizer()
+        if tokenizer is None:
+            return
+        try:
+            tokenizer.prepare(request.grammar)
+        except EngineError:
+            return          # register refuses the grammar, with this reason
+
     def register(self, request: EngineRequest) -> None:
         self._check_open()
         if request.request_id in self._generations:

@@ -750,6 +750,9 @@ class TransformersEngine(RealEngine[_Generation]):
             return chat_prompt_ids(tokenizer.tokenizer, request.messages)
         return tokenizer.encode(request.prompt, special=True)
 
+    def _built_grammar_tokenizer(self) -> LlguidanceTokenizer | None:
+        return self._llguidance
+
     def _grammar_tokenizer(self) -> LlguidanceTokenizer:
         """The tokenizer as llguidance reads it (built on the first constrained request)."""
         if self._llguidance is None:

@@ -599,6 +599,9 @@ class SegmentRequestEngine(RealEngine[G]):
             super()._grammar(gbnf)
         self._grammar_tokenizer().grammar(gbnf)
 
+    def _built_grammar_tokenizer(self) -> LlguidanceTokenizer | None:
+        return self._llguidance
+
     def _grammar_tokenizer(self) -> LlguidanceTokenizer:
         """The tokenizer as llguidance reads it (read once)."""
         if self._llguidance is None:
@@ -975,6 +978,10 @@ class VllmEngine(SegmentRequestEngine[_Generation]):
         return torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'
 
     # -- internals -------------------------------------------------------------------------
+    def _built_grammar_tokenizer(self) -> LlguidanceTokenizer | None:
+        built: LlguidanceTokenizer | None = _DECODERS.get(self._decoder_key, (None,))[0]
+        return built
+
     def _grammar_tokenizer(self) -> LlguidanceTokenizer:
         """The tokenizer as llguidance reads it, for this engine's logits processor."""
         tokenizer, eos = _DECODERS[self._decoder_key]

@@ -69,16 +69,15 @@ def plan_grammar(profile: RobotProfile,
     if profile.segmentation != 'skills':
         return None
     key = (id(profile), None if objects is None else tuple(objects))
-    cached = _CACHE.get(key)
-    if cached is not None and cached[0] is profile:
-        _CACHE.move_to_end(key)
-        return cached[1]
-    grammar = PlanGrammar(profile=profile.name,
-                          gbnf=_GrammarWriter(profile, key[1]).write())
-    _CACHE[key] = (profile, grammar)
-    if len(_CACHE) > GRAMMAR_CACHE_SIZE:
+    # each step one dict operation: safe where goals' threads ask beside the loop
+    cached = _CACHE.pop(key, None)          # taken and put back last: the newest
+    if cached is None or cached[0] is not profile:
+        cached = (profile, PlanGrammar(profile=profile.name,
+                                       gbnf=_GrammarWriter(profile, key[1]).write()))
+    _CACHE[key] = cached
+    while len(_CACHE) > GRAMMAR_CACHE_SIZE:
         _CACHE.popitem(last=False)
-    return grammar
+    return cached[1]
 
 
 GRAMMAR_CACHE_SIZE = 256

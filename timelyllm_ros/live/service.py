@@ -3,7 +3,10 @@
 This is what the ROS planner node wraps (and what a non-ROS server could wrap): goals are
 validated at once in the caller's thread (:meth:`PlannerService.submit` raises
 :class:`~timelyllm_ros.errors.GoalError` with the reason), then handed to the loop thread
-through an inbox, so callers never wait for an engine iteration. The loop thread owns the
+through an inbox, so callers never wait for an engine iteration; what a goal's registration
+can compute ahead (a real engine's plan grammar) the caller's thread computes before that
+(:meth:`~timelyllm_ros.core.scheduler.Scheduler.prepare`), so a burst of goals does not
+stall the loop. The loop thread owns the
 scheduler: it drains the inbox (new goals, cancels, robot reports), ticks, and calls each
 goal's listener with every segment the moment it is cut and once when the goal ends: both
 come from the scheduler's one event stream (:mod:`timelyllm_ros.core.events`), drained after every
@@ -126,6 +129,8 @@ class PlannerService:
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._accepting = threading.RLock()  # orders submits against the service's end
+        self._preparing = threading.Lock()   # one goal's thread prepares at a time: more
+                                             # share the GIL with the loop and each other
         self._thread: threading.Thread | None = None
         self._state = ServiceState()   # the last snapshot taken
         self._last_batch_size = 0
@@ -218,6 +223,8 @@ class PlannerService:
         """Queue a goal; returns its task id. Raises GoalError at once (invalid goal, or a
         service that failed or stopped)."""
         spec = self.make_spec(goal)
+        with self._preparing:
+            self.scheduler.prepare(spec)       # here, in the goal's thread: not on the loop
         with self._accepting:
             self._check_serving()
             self._inbox.put(('submit', (spec, on_segment, on_end, goal.wait_for_execution)))
