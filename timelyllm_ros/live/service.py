@@ -129,8 +129,8 @@ class PlannerService:
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._accepting = threading.RLock()  # orders submits against the service's end
-        self._preparing = threading.Lock()   # one goal's thread prepares at a time: more
-                                             # share the GIL with the loop and each other
+        self._preparing = threading.Lock()   # goals' threads prepare in turn (all at once
+                                             # measured worse: README, goal_intake.py)
         self._thread: threading.Thread | None = None
         self._state = ServiceState()   # the last snapshot taken
         self._last_batch_size = 0
