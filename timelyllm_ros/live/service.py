@@ -5,12 +5,11 @@ validated at once in the caller's thread (:meth:`PlannerService.submit` raises
 :class:`~timelyllm_ros.errors.GoalError` with the reason), then handed to the loop thread
 through an inbox, so callers never wait for an engine iteration; what a goal's registration
 can compute ahead (a real engine's plan grammar) the caller's thread computes before that
-(:meth:`~timelyllm_ros.core.scheduler.Scheduler.prepare`), so a burst of goals does not
-stall the loop. The loop thread owns the
-scheduler: it drains the inbox (new goals, cancels, robot reports), ticks, and calls each
-goal's listener with every segment the moment it is cut and once when the goal ends: both
-come from the scheduler's one event stream (:mod:`timelyllm_ros.core.events`), drained after every
-iteration, whatever ended the goal.
+(:meth:`~timelyllm_ros.core.scheduler.Scheduler.prepare`), so that a burst of goals does not
+stall the loop. The loop thread owns the scheduler: it drains the inbox (new goals, cancels,
+robot reports), ticks, and calls each goal's listener with every segment the moment it is cut
+and once when the goal ends: both come from the scheduler's one event stream
+(:mod:`timelyllm_ros.core.events`), drained after every iteration, whatever ended the goal.
 
 With an engine that replays recorded plans (the simulator: ``scripted_plans``), the engine
 chooses each goal's plan (:meth:`~timelyllm_ros.engines.base.Engine.scripted_plan`) when the
