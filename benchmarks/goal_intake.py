@@ -56,8 +56,9 @@ def new_scene_tasks(goals: int, seed: int = 0) -> list[tuple[str, str]]:
         trace = traces[i % len(traces)]
         objects = rng.sample(WORDS, 3 if trace.robot == 'tello' else 6)
         goal = trace.task.split('Task:')[-1].split(']', 1)[-1].strip()
-        scene = ', '.join(f"'{name}{i}'" for name in objects)
-        tasks.append((trace.robot, f'Scene: [{scene}] Task: [A] {goal}'))
+        scene = ', '.join(f'[{name}{i} x:0.{j + 2} y:0.5 width:0.1 height:0.1]'
+                          for j, name in enumerate(objects))
+        tasks.append((trace.robot, f'Scene: {scene} Task: [A] {goal}'))
     return tasks
 
 

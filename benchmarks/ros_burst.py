@@ -5,7 +5,8 @@ Run in a ROS 2 workspace where this package is built, beside a planner::
     ros2 run timelyllm_ros planner --ros-args -p autostart:=true &
     python3 benchmarks/ros_burst.py --goals 200 --timeout 600
 
-The client sends every goal at once, then plays every robot: each segment that arrives as
+The client sends every goal at once (``--new-scenes``: each in a scene of its own, so that a
+real engine compiles a plan grammar per goal), then plays every robot: each segment that arrives as
 feedback is reported done at once (a default-QoS publisher). It prints how many goals were
 answered and how soon, which ones never were (in the order sent: the first ones are requests
 sent before the planner's middleware matched the new client, scattered ones are answers the
@@ -35,6 +36,12 @@ from timelyllm_ros.nodes import convert
 TASK = 'Scene: [] Task: [A] Could you find the cat? If so, go to it.'
 
 
+def scene_task(i: int) -> str:
+    """The burst's task in a scene of its own: objects no other goal of the burst names."""
+    return (f'Scene: [cat{i} x:0.2 y:0.5 width:0.1 height:0.1], [ball{i} x:0.6 y:0.4 '
+            f'width:0.1 height:0.1] Task: [A] Could you find the cat{i}? If so, go to it.')
+
+
 def spans(indices: list[int]) -> str:
     """Sorted indices as ranges, e.g. ``0-12, 40``."""
     runs: list[list[int]] = []
@@ -53,6 +60,9 @@ def main() -> None:
     parser.add_argument('--action', default='/plan')
     parser.add_argument('--reports', default='/segment_done')
     parser.add_argument('--state', default='/scheduler_state')
+    parser.add_argument('--new-scenes', action='store_true',
+                        help='every goal in a scene of its own (a grounded plan grammar each, '
+                             'compiled by a real engine for that goal alone)')
     args = parser.parse_args()
     rclpy.init()
     node = rclpy.create_node('burst_client')
@@ -96,8 +106,9 @@ def main() -> None:
     started = time.monotonic()
     for i in range(args.goals):
         robot = f'burst_{i}'
-        goal = PlanTask.Goal(robot_id=robot, robot_kind='tello', task=TASK, urgency='normal',
-                             wait_for_execution=True)
+        goal = PlanTask.Goal(robot_id=robot, robot_kind='tello',
+                             task=scene_task(i) if args.new_scenes else TASK,
+                             urgency='normal', wait_for_execution=True)
         sent_at[i] = time.monotonic()
         client.send_goal_async(goal, feedback_callback=on_feedback(i, robot)
                                ).add_done_callback(on_answer(i))
