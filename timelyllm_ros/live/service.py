@@ -220,7 +220,9 @@ class PlannerService:
 
     def submit(self, goal: PlanGoal, on_segment: SegmentListener, on_end: EndListener) -> str:
         """Queue a goal; returns its task id. Raises GoalError at once (invalid goal, or a
-        service that failed or stopped)."""
+        service that failed or stopped). A real engine's plan grammar for the goal is
+        compiled here, in the caller's thread (milliseconds; callers take turns), not on the
+        loop."""
         spec = self.make_spec(goal)
         with self._preparing:
             self.scheduler.prepare(spec)       # here, in the goal's thread: not on the loop
