@@ -29,6 +29,7 @@ from typing import Any, cast
 import numpy as np
 
 from timelyllm_ros.errors import EngineError
+from timelyllm_ros.recently_used import recently_used
 
 GRAMMAR_INSTALL_HINT = 'pip install llguidance (grammar-constrained decoding)'
 
@@ -158,28 +159,25 @@ class LlguidanceTokenizer:
         self._pristine(gbnf)
 
     def _pristine(self, gbnf: str) -> Any:
-        """The compiled matcher of a grammar at its start, from the cache or compiled now.
+        """The compiled matcher of a grammar at its start, from the cache (shared by goals'
+        threads and the loop) or compiled now.
 
         Compiling costs milliseconds (a grounded arm grammar of seven objects: 7 ms, its Lark
         text from the shape's conversion); a copy of the matcher costs microseconds, so goals
-        of one scene share one compile. Every step on the cache is one dict operation, so
-        callers in several threads never see it half changed; two that race compile one
-        grammar twice at worst.
+        of one scene share one compile.
         """
+        return recently_used(self._compiled, gbnf, lambda: self._compile(gbnf), MATCHERS_KEPT)
+
+    def _compile(self, gbnf: str) -> Any:
         llguidance = _import_llguidance()
-        pristine = self._compiled.pop(gbnf, None)     # taken and put back last: the newest
-        if pristine is None:
-            try:
-                pristine = llguidance.LLMatcher(
-                    self.handle, llguidance.LLMatcher.grammar_from_lark(gbnf_lark(gbnf)))
-            except ValueError as err:
-                raise EngineError(f'the grammar does not compile: {err}') from None
-            if pristine.is_error():
-                raise EngineError(f'the grammar does not compile: {pristine.get_error()}')
-        self._compiled[gbnf] = pristine
-        while len(self._compiled) > MATCHERS_KEPT:
-            self._compiled.popitem(last=False)
-        return pristine
+        try:
+            matcher = llguidance.LLMatcher(
+                self.handle, llguidance.LLMatcher.grammar_from_lark(gbnf_lark(gbnf)))
+        except ValueError as err:
+            raise EngineError(f'the grammar does not compile: {err}') from None
+        if matcher.is_error():
+            raise EngineError(f'the grammar does not compile: {matcher.get_error()}')
+        return matcher
 
 
 def gbnf_lark(gbnf: str) -> str:
@@ -212,12 +210,7 @@ def gbnf_lark(gbnf: str) -> str:
         return f'"{_MARK_OPEN}{len(literals) - 1}{_MARK_CLOSE}"'
 
     shape = _GBNF_PIECE.sub(placeholder, gbnf)
-    template = _LARK_SHAPES.pop(shape, None)      # taken and put back last: the newest
-    if template is None:
-        template = _converted(shape)
-    _LARK_SHAPES[shape] = template
-    while len(_LARK_SHAPES) > LARK_SHAPES_KEPT:
-        _LARK_SHAPES.popitem(last=False)
+    template = recently_used(_LARK_SHAPES, shape, lambda: _converted(shape), LARK_SHAPES_KEPT)
     lark, written = _MARK.subn(lambda mark: literals[int(mark.group(1))], template)
     if written != len(literals):        # never seen: the converter dropped or repeated one
         return _converted(gbnf)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES
 from timelyllm_ros.language.profiles import GripperRule, RobotProfile, Skill, SkillArg
+from timelyllm_ros.recently_used import recently_used
 
 MAX_STRING_CHARS = 40
 """Longest string argument a constrained plan may hold (characters between the quotes)."""
@@ -69,15 +70,10 @@ def plan_grammar(profile: RobotProfile,
     if profile.segmentation != 'skills':
         return None
     key = (id(profile), None if objects is None else tuple(objects))
-    # each step one dict operation: safe where goals' threads ask beside the loop
-    cached = _CACHE.pop(key, None)          # taken and put back last: the newest
-    if cached is None or cached[0] is not profile:
-        cached = (profile, PlanGrammar(profile=profile.name,
-                                       gbnf=_GrammarWriter(profile, key[1]).write()))
-    _CACHE[key] = cached
-    while len(_CACHE) > GRAMMAR_CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return cached[1]
+    return recently_used(
+        _CACHE, key, lambda: (profile, PlanGrammar(profile=profile.name,
+                                                   gbnf=_GrammarWriter(profile, key[1]).write())),
+        GRAMMAR_CACHE_SIZE, fresh=lambda cached: cached[0] is profile)[1]
 
 
 GRAMMAR_CACHE_SIZE = 256
