@@ -310,6 +310,7 @@ def test_a_goal_cancelled_or_failed_between_statements_leaves_nothing_behind() -
         else:
             scheduler.report_segment('t0', 0, 0.3, 0.9, success=False, error='motor stalled')
             assert generation.status == TaskStatus.FAILED
+        assert not scheduler.invariant_violations()     # no longer between statements either
         while scheduler.has_work:
             scheduler.tick()
         assert generation.suspensions == 0 and 't0' not in scheduler.queue

@@ -52,7 +52,7 @@ from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, Schedu
 from timelyllm_ros.core.plan_requests import ProfileCache, task_request
 from timelyllm_ros.core.queue import GenerationQueue, best_rows
 from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
-from timelyllm_ros.engines.base import Engine, EngineView, StepResult
+from timelyllm_ros.engines.base import Engine, EngineRequest, EngineView, StepResult
 from timelyllm_ros.errors import (
     ConfigError,
     EngineError,
@@ -229,9 +229,7 @@ class Scheduler:
         finds that done. Safe while the loop runs (it reads the profiles and the engine's
         caches only); a goal it cannot prepare is left for :meth:`submit` to refuse."""
         try:
-            request = task_request(self.profile(spec.profile), spec,
-                                   grammar=self.config.grammar and self.engine.supports('grammar'))
-            self.engine.prepare_request(request)
+            self.engine.prepare_request(self._request(self.profile(spec.profile), spec))
         except Exception as err:  # noqa: BLE001 - submit refuses the goal with its reason
             logger.debug('could not prepare %s ahead: %s', spec.task_id, err)
 
@@ -253,8 +251,7 @@ class Scheduler:
             profile = self.profile(spec.profile)
         except ProfileError as err:
             raise GoalError(f'task {spec.task_id!r}: unknown robot kind: {err}') from None
-        request = task_request(profile, spec,
-                               grammar=self.config.grammar and self.engine.supports('grammar'))
+        request = self._request(profile, spec)
         try:
             self.engine.register(request)
         except Exception as err:  # noqa: BLE001 - any engine fault refuses only this goal
@@ -267,6 +264,12 @@ class Scheduler:
         self.queue.push(generation, profile.segment_generation_s)
         self.policy.on_submit(generation, self.clock.now())
         return generation
+
+    def _request(self, profile: RobotProfile, spec: TaskSpec) -> EngineRequest:
+        """The goal's engine request, its plan grammar where the scheduler and engine use
+        one."""
+        return task_request(profile, spec,
+                            grammar=self.config.grammar and self.engine.supports('grammar'))
 
     def cancel(self, task_id: str, reason: str = 'cancelled by the client') -> Generation:
         """Drop a task's generation and free its memory (goal cancel)."""
@@ -404,6 +407,9 @@ class Scheduler:
         for task_id in self._running:
             if task_id not in self.generations:
                 problems.append(f'{task_id}: running but unknown')
+        for task_id in self._between:
+            if task_id not in self._running:
+                problems.append(f'{task_id}: between statements but not running')
         return problems
 
     def now(self) -> float:
@@ -604,13 +610,11 @@ class Scheduler:
             if failing is not None and not failing.status.terminal:
                 self._end(failing, TaskStatus.FAILED, f'engine failure: {why}')
         masked = decision.decode_mask
-        for task_id in list(self._between):
-            between = self._running.get(task_id)
-            if between is None:
-                del self._between[task_id]      # never seen: every way out removes it
-            elif ((masked is not None and task_id not in masked)
-                  or not self._segmenters[task_id].between_statements):
+        for task_id in list(self._between):     # all running: every way out removes them
+            if ((masked is not None and task_id not in masked)
+                    or not self._segmenters[task_id].between_statements):
                 # its next statement began (or the policy does not let it decode)
+                between = self._running[task_id]
                 self._isolated(between, self._suspend, between, now)
 
     def _isolated(self, generation: Generation, handler: Callable[..., None],
@@ -819,8 +823,8 @@ class Scheduler:
         self._events.append(Ended(generation))
 
     def _release(self, generation: Generation) -> None:
-        self._between.pop(generation.task_id, None)
         task_id = generation.task_id
+        self._between.pop(task_id, None)
         if task_id in self.queue:
             self.queue.remove(task_id)
         self._running.pop(task_id, None)
