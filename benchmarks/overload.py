@@ -14,10 +14,14 @@ policy over the same goals, all on the simulated clock.
 Per policy it reports the CPU time of one scheduling decision (``decide_mean_ms``, p99, max:
 the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it),
 ``goals_per_s`` (completed goals per simulated second, from the first
-arrival to the end of the last plan's generation), the p50 / p99 / max response time, the mean
-batch size, the mean utility of urgent goals (signed, and with late goals floored at 0) and of
-all goals, the completion rate, and how many urgent goals earned any utility; then each
-policy's goals/s and decide mean over the ``vllm`` policy's. By default it runs ``vllm``, the
+arrival to the end of the last plan's generation: the engine's throughput), ``finished_per_s``
+(goals per simulated second from the first arrival until the last robot finished its plan:
+the fleet's; a segmented policy generates each next segment for when its robot needs it, so
+its last generation ends later than an engine that generates whole plans at once, while its
+robots need not finish later), the p50 / p99 / max response time, the mean batch size, the
+mean utility of urgent goals (signed, and with late goals floored at 0) and of all goals, the
+completion rate, and how many urgent goals earned any utility; then each policy's goals/s,
+finished/s and decide mean over the ``vllm`` policy's. By default it runs ``vllm``, the
 paper's ``timelyllm`` and the fleet's default policy. :func:`run_overload` returns the same as a
 dict (the fault campaign calls it).
 
@@ -177,9 +181,9 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     Returns:
         ``{'robots', 'seed', 'tasks', 'burst_s', 'tasks_per_robot', 'repeats', 'policies':
         {name: figures of :func:`policy_figures`}, 'ratios_to_vllm'}`` where
-        ``ratios_to_vllm`` maps each other policy to its ``goals_per_s`` and ``decide_mean``
-        over the ``vllm`` policy's (empty unless ``vllm`` ran; a ratio is None where vllm's
-        figure is 0).
+        ``ratios_to_vllm`` maps each other policy to its ``goals_per_s``, ``finished_per_s``
+        and ``decide_mean`` over the ``vllm`` policy's (empty unless ``vllm`` ran; a ratio is
+        None where vllm's figure is 0).
     """
     if repeats < 1:
         raise ValueError(f'repeats must be >= 1, got {repeats}')
@@ -198,6 +202,8 @@ def run_overload(robots: int, seed: int, *, policies: Sequence[str] = DEFAULT_PO
     if 'vllm' in figures:
         ratios = {policy: {'goals_per_s': _ratio(mine['goals_per_s'],
                                                  figures['vllm']['goals_per_s']),
+                           'finished_per_s': _ratio(mine['finished_per_s'],
+                                                    figures['vllm']['finished_per_s']),
                            'decide_mean': _ratio(mine['decide_mean_ms'],
                                                  figures['vllm']['decide_mean_ms'])}
                   for policy, mine in figures.items() if policy != 'vllm'}
@@ -216,9 +222,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 
 def _table(report: dict[str, Any]) -> str:
-    columns = ('goals_per_s', 'response_p50_s', 'response_p99_s', 'mean_batch_size',
-               'urgent_utility', 'urgent_utility_floored', 'completion_rate', 'utility_mean',
-               'decide_mean_ms', 'decide_p99_ms',
+    columns = ('goals_per_s', 'finished_per_s', 'response_p50_s', 'response_p99_s',
+               'mean_batch_size', 'urgent_utility', 'urgent_utility_floored',
+               'completion_rate', 'utility_mean', 'decide_mean_ms', 'decide_p99_ms',
                'decide_max_ms', 'wall_time_s')
     rounds = f", {report['repeats']} rounds" if report['repeats'] > 1 else ''
     lines = [f"{report['tasks']} goals from {report['robots']} robots within "

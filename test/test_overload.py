@@ -36,6 +36,12 @@ def test_overload_throughput_is_within_20_percent_of_vllm(overload: ModuleType) 
         timely['goals_per_s'] / vllm['goals_per_s'])
     assert ratios['timelyllm']['decide_mean'] == pytest.approx(
         timely['decide_mean_ms'] / vllm['decide_mean_ms'])
+    assert ratios['timelyllm']['finished_per_s'] == pytest.approx(
+        timely['finished_per_s'] / vllm['finished_per_s'])
+    # the fleet's throughput counts until the last robot finished: after the last generation
+    for figures in (vllm, timely):
+        assert figures['makespan_s'] > figures['generation_span_s']
+        assert figures['finished_per_s'] == pytest.approx(400 / figures['makespan_s'])
     # and it still serves urgent goals better than vllm
     assert timely['urgent_utility'] > vllm['urgent_utility']
 
