@@ -78,6 +78,62 @@ def test_a_figure_nobody_else_has_is_left_out():
     assert cell['utility']['best'] == 'timebill'
 
 
+def test_a_response_time_is_judged_against_policies_that_completed_as_many_goals():
+    """TimeBill kills the goals it would serve late: its mean response is over the 8 % it
+    kept, so share's is judged against the best of those that completed as many (slice),
+    and the entry names the faster one that completed fewer."""
+    matrix = {
+        'policies': ['timebill', 'slice', 'timelyllm-share'],
+        'cells': {'wid2': {'contended': {
+            'timebill': _cell(completion=(0.08, 0.02), mean_response_s=(0.85, 0.08),
+                              p95_response_s=(1.25, 0.07)),
+            'slice': _cell(mean_response_s=(2.78, 0.5), p95_response_s=(3.0, 0.4)),
+            'timelyllm-share': _cell(mean_response_s=(1.97, 0.19), p95_response_s=(4.16, 1.1)),
+        }}},
+    }
+    judged = standing(matrix, 'timelyllm-share')
+    cell = judged['cells']['wid2']['contended']
+    assert cell['mean response s'] == {
+        'verdict': 'ahead', 'best': 'slice', 'best_mean': 2.78, 'best_sd': 0.5,
+        'fewer_goals': {'policy': 'timebill', 'mean': 0.85, 'completion': 0.08,
+                        'verdict': 'behind'}}
+    assert cell['p95 response s']['best'] == 'slice'             # 4.16 > 1.1 × 3.0
+    assert cell['p95 response s']['verdict'] == 'behind'
+    assert cell['completion']['verdict'] == 'ahead'
+    assert cell['utility']['best'] in ('timebill', 'slice')      # other figures: everyone
+    assert judged['behind'] == ['wid2 contended p95 response s']
+    assert judged['behind_counting_fewer_goals'] == ['wid2 contended mean response s',
+                                                     'wid2 contended p95 response s']
+    table = matrix_table({**matrix, 'seeds': [0], 'robot_jitter': 0.1, 'standing': judged})
+    assert 'behind in 1 of 8 figures' in table and '2 counting the response times' in table
+    assert '| ahead (timebill 0.850 over 8% of goals) |' in table
+
+
+def test_completion_within_the_spread_counts_as_as_many_goals():
+    """A completion rate behind only within the seeds' spread is not fewer goals; where
+    every other policy completed fewer, the judged one is ahead on response time."""
+    as_many = {
+        'policies': ['timebill', 'timelyllm-share'],
+        'cells': {'wid1': {'paper': {
+            'timebill': _cell(completion=(0.98, 0.02), mean_response_s=(0.20, 0.01)),
+            'timelyllm-share': _cell(mean_response_s=(0.27, 0.01)),
+        }}},
+    }
+    cell = standing(as_many, 'timelyllm-share')['cells']['wid1']['paper']
+    assert cell['mean response s']['verdict'] == 'behind'
+    assert cell['mean response s']['best'] == 'timebill' and 'fewer_goals' not in cell[
+        'mean response s']
+    fewer = {**as_many, 'cells': {'wid1': {'paper': {
+        **as_many['cells']['wid1']['paper'],
+        'timebill': _cell(completion=(0.95, 0.01), mean_response_s=(0.20, 0.01))}}}}
+    judged = standing(fewer, 'timelyllm-share')
+    entry = judged['cells']['wid1']['paper']['mean response s']
+    assert entry['verdict'] == 'ahead' and entry['best'] is None
+    assert entry['fewer_goals']['policy'] == 'timebill'
+    assert judged['behind'] == [] and judged['behind_counting_fewer_goals'] == [
+        'wid1 paper mean response s']
+
+
 @pytest.mark.parametrize('policies', [['vllm'], ['vllm', 'slice']])
 def test_standing_needs_the_policy_and_another(policies):
     matrix = {'policies': policies, 'cells': {}}
