@@ -335,6 +335,70 @@ def test_waiting_weight_must_be_finite_and_not_negative(value: float) -> None:
         TimelyLlmPolicy(waiting_weight=value)
 
 
+def test_a_seen_bound_judges_a_generation_lost_at_l_max_by_its_longest_seen_segment() -> None:
+    """``seen_bound`` s: a most urgent generation on time that misses its budget at l_max even
+    alone is judged at the longest segment seen for its kind (+1 token), while the batch
+    with the candidate holds at most s of its cap; otherwise the paper's test stands."""
+    engine = _engine()
+    urgent = _add(engine, 'u', 10, task_class='urgent', segment_tokens=2, run=True)
+    candidate = _add(engine, 'n', 10)                  # normal, 0.001 s of prefill
+
+    def ctx(seen: int | None, max_batch: int = 8) -> AdmissionContext:
+        return replace(_ctx(engine, [urgent], now=0.05, max_batch=max_batch),
+                       seen_segment_tokens=lambda g: seen)
+
+    # budget 0.142 s; alone, l_max's 8 tokens left take 8 × 0.020 = 0.16 s: lost at l_max,
+    # and the paper's test refuses: 0.001 + 8 × 0.030 = 0.241 s
+    assert budget_s(urgent, ctx(4)) == pytest.approx(0.142)
+    assert not latency_guided(candidate, ctx(4))
+    # seen 4 tokens: (4 + 1) − 2 = 3 left, 0.001 + 3 × 0.030 = 0.091 s within the budget
+    assert latency_guided(candidate, ctx(4), seen_bound=0.25)
+    # a longer segment seen: 6 left, 0.181 s; nothing seen yet: l_max, the paper's test
+    assert not latency_guided(candidate, ctx(7), seen_bound=0.25)
+    assert not latency_guided(candidate, ctx(None), seen_bound=0.25)
+    # a batch of 2 over a quarter of a cap of 4: the paper's test
+    assert not latency_guided(candidate, ctx(4, max_batch=4), seen_bound=0.25)
+    assert latency_guided(candidate, ctx(4, max_batch=4), seen_bound=0.5)
+    # one not lost at l_max alone (6 tokens left: 0.12 s) keeps the paper's test, which
+    # refuses the join (0.001 + 6 × 0.030 = 0.181 s), whatever was seen
+    closer = _add(engine, 'c', 10, task_class='urgent', segment_tokens=4, run=True)
+    near = replace(_ctx(engine, [closer], now=0.05, max_batch=8),
+                   seen_segment_tokens=lambda g: 4)
+    assert not latency_guided(candidate, near, seen_bound=0.25)
+    # the policies: the fleet's default uses a quarter of the cap, the paper's none
+    assert create_policy('timelyllm-share').seen_bound == 0.25
+    assert create_policy('timelyllm').seen_bound is None
+
+
+@pytest.mark.parametrize('value', [0.0, -0.1, 1.5, math.nan])
+def test_seen_bound_must_be_a_share_of_the_cap(value: float) -> None:
+    from timelyllm_ros.errors import PolicyError
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    with pytest.raises(PolicyError, match=r'seen_bound must be within \(0, 1\]'):
+        TimelyLlmPolicy(seen_bound=value)
+
+
+def test_the_scheduler_tells_the_longest_segment_seen_per_robot_kind_and_position() -> None:
+    """The context's ``seen_segment_tokens``: the most tokens of a cut segment so far, first
+    segments apart from later ones, per robot profile; None before any."""
+    scheduler = Scheduler(create_policy('timelyllm-share'), _engine(max_num_seqs=8),
+                          SimClock(), SchedulerConfig(report_deadlines=False))
+    first = scheduler.submit(make_spec('a', plan='takeoff();mf(50);tc(90)', prompt_tokens=10))
+    seen = scheduler._context(0.0).seen_segment_tokens
+    assert seen is not None and seen(first) is None
+    while scheduler.has_work:
+        scheduler.tick()
+    tokens = [s.tokens for s in first.segments]
+    assert len(tokens) == 3 and tokens[0] != max(tokens[1:])
+    fresh = scheduler.submit(make_spec('b', prompt_tokens=10))
+    assert seen(fresh) == tokens[0]                      # a first segment: k = 0
+    fresh.k = 1
+    assert seen(fresh) == max(tokens[1:])                # a later one
+    other = scheduler.submit(make_spec('c', profile='indy7', prompt_tokens=10))
+    assert seen(other) is None                           # no arm segment yet
+
+
 def _queued_scheduler(goals: int, arrival_gap_s: float) -> Scheduler:
     """A timelyllm scheduler with ``goals`` queued, every third normal, the rest urgent."""
     scheduler = Scheduler(create_policy('timelyllm'), _engine(max_num_seqs=64), SimClock(),

@@ -45,6 +45,19 @@ avoiding it (the batch it joins later is as late), while the wait uses up the ca
 slack and lengthens its response. With a waiting weight ρ
 (``latency_guided(..., waiting_weight=ρ)``) the loss test also counts the part of the wait
 within the candidate's slack, at ρ times its slope α (ρ = 1: as if its deadline were now).
+
+The worst case l_max can miss a deadline before any join: on the default calibration a drone's
+first segment at l_max = 10 tokens takes 10 × 22 ms, past an urgent goal's 0.2 s ERT, while
+its first skill is 4 tokens long. Then refusing cannot save the most urgent generation at its
+worst case, and the paper's test turns every less urgent candidate away until that segment is
+done, at no gain: with the batch cap and memory only, the same goals kept every urgent goal's
+utility (WID1, default regime). With a seen bound s
+(``latency_guided(..., seen_bound=s)``), while the batch holds at most s of its cap, such a
+most urgent generation is judged at the longest segment seen so far for its robot kind and
+position (first segment or later; ``AdmissionContext.seen_segment_tokens``) plus
+:data:`SEEN_MARGIN_TOKENS`, instead of l_max. Above that share the test stays the paper's: in
+an engine with a small cap (the paper's 8) the generations joined ahead take the slots that
+the next urgent goals need.
 """
 
 from __future__ import annotations
@@ -88,6 +101,9 @@ class AdmissionContext:
     recent_step_s: float | None                 # observed decode-step time, None before any
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile
     urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
+    seen_segment_tokens: Callable[[Generation], int | None] | None = None  # longest segment
+                                                # seen for a generation's robot kind and
+                                                # position (first or later), None before any
     queued: Sequence[Generation] = ()           # generations in the queue (do not mutate)
     batch_mode: BatchMode = 'latency-guided'    # 'fixed': only the cap and memory admit
     ranked: QueueView | None = None             # the queue as this decision ranked it (its
@@ -247,6 +263,17 @@ def wcet_s(generation: Generation, extra_s: float, batch_size: int,
     return extra_s + remaining * recent * scale
 
 
+def seen_remaining(generation: Generation, ctx: AdmissionContext) -> int | None:
+    """Tokens the generation has left to the longest segment seen for its robot kind and
+    position, plus :data:`SEEN_MARGIN_TOKENS` (at most its l_max, at least one token); None
+    before any such segment was seen."""
+    seen = ctx.seen_segment_tokens(generation) if ctx.seen_segment_tokens is not None else None
+    if seen is None:
+        return None
+    bound = min(seen + SEEN_MARGIN_TOKENS, ctx.max_segment_tokens(generation))
+    return max(bound - generation.segment_tokens, 1)
+
+
 def _step_scale(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps
                 ) -> tuple[float, float]:
     """``(r, s)``: the per-token decode time at ``batch_size`` is ``r·s``, as :func:`wcet_s`
@@ -326,6 +353,13 @@ class DelayWeights:
                 self.on_time_least_budget + longest_s):
             return lower, lower, scale
         return lower, extra_s * self.weight + slower_s * self.weighted_remaining, scale
+
+
+SEEN_MARGIN_TOKENS = 1
+"""Tokens added to the longest segment seen when the latency test judges by it: the step
+model's error and each join's own iteration make the seen length alone too tight (authors'
+drone workload, default regime: 87 urgent goals late with no margin, as many as without the
+bound with one token or two)."""
 
 
 BOUND_MARGIN = 1e-9
@@ -651,7 +685,8 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
-                   round_stall: float | None = None, waiting_weight: float = 0.0) -> bool:
+                   round_stall: float | None = None, waiting_weight: float = 0.0,
+                   seen_bound: float | None = None) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
@@ -676,12 +711,19 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     With ``waiting_weight`` ρ (module docstring), the loss test counts the candidate's wait
     within its slack too, at ρ·(−α) per second, beside its lateness past its deadline.
 
+    With ``seen_bound`` s (module docstring), a most urgent generation still on time that
+    misses its budget at l_max even without the candidate is judged at the longest segment
+    seen for it instead (:func:`seen_remaining`), while the batch with the candidate holds at
+    most s of its cap.
+
     Args:
         candidate: the best queued generation.
         ctx: the admission context (the lost queued goals: its :class:`LostTally`; the
             round's stall so far: its :class:`BatchColumns`).
         round_stall: the round stall budget k, or None for none (the paper's test).
         waiting_weight: the waiting weight ρ ≥ 0 of the loss test (0: the paper's test).
+        seen_bound: the share s of the batch cap within (0, 1] up to which the seen bound
+            applies, or None for none (the paper's test).
     """
     cohort = ctx.engine.cohort(candidate.task_id)
     if cohort is not None:
@@ -709,6 +751,10 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         return False
     if budget > 0:
         admit = extra + remaining * recent * scale_next <= budget
+        if (not admit and seen_bound is not None and wait > budget
+                and size + 1 <= seen_bound * ctx.max_batch):
+            seen = seen_remaining(batch.generations[batch.most_urgent], ctx)
+            admit = seen is not None and extra + seen * recent * scale_next <= budget
     else:
         gain = wait * queue_loss_rate(ctx)
         if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate

@@ -214,6 +214,8 @@ class Scheduler:
         self._events: list[SchedulerEvent] = []   # not yet drained, in order
         self._seq = 0
         self.recent_step_s: float | None = None
+        # longest segment cut so far per (robot profile, first segment or later), in tokens
+        self._longest_segment: dict[tuple[str, bool], int] = {}
         self.ticks = 0
         self.decision_s = 0.0        # wall time spent deciding (policy hooks and admission)
         # CPU time of each decision (this thread's), for its distribution: a busy machine
@@ -694,7 +696,8 @@ class Scheduler:
             running=self._running.values(), max_batch=self._cap,
             recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
             batch_mode=self.config.batch_mode,
-            urgency_tie_s=self._segment_generation_s, queued=self.queue.generations)
+            urgency_tie_s=self._segment_generation_s, queued=self.queue.generations,
+            seen_segment_tokens=self._seen_segment_tokens)
 
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float) -> None:
@@ -772,6 +775,8 @@ class Scheduler:
                           tokens=generation.segment_tokens, is_last=is_last,
                           longest_exec_s=estimate_max_s(profile, statements))
         generation.segments.append(segment)
+        kind = (generation.spec.profile, index == 0)
+        self._longest_segment[kind] = max(self._longest_segment.get(kind, 0), segment.tokens)
         generation.need_time = start_estimate + estimate
         generation.k = index + 1
         generation.segment_tokens = 0
@@ -861,6 +866,9 @@ class Scheduler:
 
     def _max_segment_tokens(self, generation: Generation) -> int:
         return self._profile(generation).max_segment_tokens
+
+    def _seen_segment_tokens(self, generation: Generation) -> int | None:
+        return self._longest_segment.get((generation.spec.profile, generation.k == 0))
 
     def _get(self, task_id: str) -> Generation:
         try:

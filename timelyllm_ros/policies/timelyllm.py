@@ -54,6 +54,11 @@ class TimelyLlmPolicy(Policy):
             running generation is late, a waiting candidate's wait within its slack counts
             at ρ times its TUF slope against the delay its join causes; 0 (default): the
             paper's test, where waiting with slack costs nothing.
+        seen_bound: the latency test's seen bound
+            (:func:`~timelyllm_ros.core.admission.latency_guided`): a most urgent running
+            generation that misses its budget at l_max even without a join is judged at the
+            longest segment seen for its robot kind, while the batch holds at most this
+            share of its cap; None (default): the paper's test.
     """
 
     name = 'timelyllm'
@@ -61,7 +66,8 @@ class TimelyLlmPolicy(Policy):
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
-                 round_stall: float | None = None, waiting_weight: float = 0.0) -> None:
+                 round_stall: float | None = None, waiting_weight: float = 0.0,
+                 seen_bound: float | None = None) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES)):
             if value not in choices:
@@ -75,12 +81,15 @@ class TimelyLlmPolicy(Policy):
             raise PolicyError(f'round_stall must be > 0 or None, got {round_stall}')
         if not (math.isfinite(waiting_weight) and waiting_weight >= 0.0):
             raise PolicyError(f'waiting_weight must be finite and >= 0, got {waiting_weight}')
+        if seen_bound is not None and not 0.0 < seen_bound <= 1.0:   # NaN too
+            raise PolicyError(f'seen_bound must be within (0, 1] or None, got {seen_bound}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
         self.stranded_share = stranded_share
         self.stranded_plan_tokens = stranded_plan_tokens
         self.round_stall = round_stall
         self.waiting_weight = waiting_weight
+        self.seen_bound = seen_bound
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -140,12 +149,13 @@ class TimelyLlmPolicy(Policy):
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
         return fits(candidate, ctx) and latency_guided(candidate, ctx, self.round_stall,
-                                                       self.waiting_weight)
+                                                       self.waiting_weight, self.seen_bound)
 
 
 class TimelyLlmSharePolicy(TimelyLlmPolicy):
     """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``), a
-    round stall budget (``round_stall=1``) and a waiting weight (``waiting_weight=1``).
+    round stall budget (``round_stall=1``), a waiting weight (``waiting_weight=1``) and a
+    seen bound (``seen_bound=0.25``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
@@ -154,20 +164,24 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     harming a plan under way. A decision's joins stall the batch for at most the most urgent
     running generation's remaining segment time, and once the most urgent one is late a
     waiting candidate's wait counts at its TUF slope even within its slack (both measured in
-    the README). Where no goal is stranded, no decision reaches that budget and no running
-    generation is late it decides as ``timelyllm`` does.
+    the README). A most urgent running generation whose segment misses its deadline at l_max
+    tokens even alone is judged at the longest segment seen for its robot kind while the
+    batch holds at most a quarter of its cap. Where no goal is stranded, no decision reaches
+    that budget, no running generation is late and none is lost at l_max alone it decides
+    as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
     description = ('timelyllm, with goals stranded before their first segment sharing '
-                   "admission, a bound on a decision's prefill stall and waits weighed "
-                   'once the batch is late')
+                   "admission, a bound on a decision's prefill stall, waits weighed "
+                   'once the batch is late and seen segment lengths where l_max is lost')
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
-                 round_stall: float | None = 1.0, waiting_weight: float = 1.0) -> None:
+                 round_stall: float | None = 1.0, waiting_weight: float = 1.0,
+                 seen_bound: float | None = 0.25) -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
-                         round_stall, waiting_weight)
+                         round_stall, waiting_weight, seen_bound)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
