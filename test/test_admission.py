@@ -18,6 +18,7 @@ from timelyllm_ros.core.admission import (
     budget_s,
     delay_cost,
     fits,
+    keeps_resume_reserve,
     latency_guided,
     lost,
     queue_loss_rate,
@@ -377,6 +378,50 @@ def test_seen_bound_must_be_a_share_of_the_cap(value: float) -> None:
 
     with pytest.raises(PolicyError, match=r'seen_bound must be within \(0, 1\]'):
         TimelyLlmPolicy(seen_bound=value)
+
+
+def test_a_resume_reserve_keeps_the_last_slots_from_early_resumes() -> None:
+    """``resume_reserve`` r: a later segment its robot does not need yet, less urgent than the
+    batch's most urgent generation, does not take one of the last r of the slots while no
+    queued goal has lost its utility."""
+    engine = _engine()
+    urgent = _add(engine, 'u', 10, task_class='urgent', run=True)    # budget 0.142 s
+    others = [_add(engine, f'o{i}', 10, run=True) for i in range(3)]
+    early = _add(engine, 'r', 10, k=1, need=0.5)                     # budget 0.442 s
+    batch = [urgent, *others]                                        # 4 of a cap of 8
+
+    def ctx(running: list[Generation], queued: tuple[Generation, ...] = ()) -> AdmissionContext:
+        return _late_ctx(engine, running, list(queued), max_batch=8)
+
+    assert budget_s(early, ctx(batch)) == pytest.approx(0.442)
+    # the 5th slot of 8 is one of the last half: kept
+    assert not keeps_resume_reserve(early, ctx(batch), 0.5)
+    # a quarter of the slots kept: the 5th is free to take; so is the 4th at a half
+    assert keeps_resume_reserve(early, ctx(batch), 0.25)
+    assert keeps_resume_reserve(early, ctx(batch[:3]), 0.5)
+    # a goal past its zero-utility time waits in the queue: the slot is worth more to it
+    lost_goal = _add(engine, 'l', 10, arrival=-10.0)
+    assert keeps_resume_reserve(early, ctx(batch, (lost_goal,)), 0.5)
+    # a first segment, a resume its robot needs now, one more urgent than the batch's most urgent
+    fresh = _add(engine, 'f', 10)
+    due = _add(engine, 'd', 10, k=1, need=0.0)                       # budget -0.058 s
+    as_urgent = _add(engine, 'a', 10, k=1, need=0.1)                 # budget 0.042 s
+    for candidate in (fresh, due, as_urgent):
+        assert keeps_resume_reserve(candidate, ctx(batch), 0.5), candidate.task_id
+    # the policies: the fleet's default keeps half, the paper's none
+    share, paper = create_policy('timelyllm-share'), create_policy('timelyllm')
+    assert share.resume_reserve == 0.5 and paper.resume_reserve is None
+    assert not share.admit(early, ctx(batch))
+    assert paper.admit(early, ctx(batch)) == latency_guided(early, ctx(batch))
+
+
+@pytest.mark.parametrize('value', [0.0, 1.0, -0.5, math.nan])
+def test_resume_reserve_must_be_a_share_of_the_slots(value: float) -> None:
+    from timelyllm_ros.errors import PolicyError
+    from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
+
+    with pytest.raises(PolicyError, match=r'resume_reserve must be within \(0, 1\)'):
+        TimelyLlmPolicy(resume_reserve=value)
 
 
 def test_the_scheduler_tells_the_longest_segment_seen_per_robot_kind_and_position() -> None:

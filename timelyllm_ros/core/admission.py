@@ -58,6 +58,15 @@ position (first segment or later; ``AdmissionContext.seen_segment_tokens``) plus
 :data:`SEEN_MARGIN_TOKENS`, instead of l_max. Above that share the test stays the paper's: in
 an engine with a small cap (the paper's 8) the generations joined ahead take the slots that
 the next urgent goals need.
+
+That last point holds for resumes too. A suspended plan's next segment is queued as soon as
+its segment is cut, long before its robot has executed the previous one; with a few slots
+free Eq. 4's order lets it in early, and it holds its slot through its segment while the next
+burst of urgent goals waits for one (the paper's setup: urgent responses past their 0.2 s ERT
+behind early resumes). With a resume reserve r (:func:`keeps_resume_reserve`), an early
+resume (budget > 0) less urgent than the batch's most urgent generation does not take one of
+the last r of the batch's slots while no queued goal has lost its utility (then a free slot
+is worth more to it than to a goal that may come).
 """
 
 from __future__ import annotations
@@ -215,16 +224,20 @@ def queue_loss_rate(ctx: AdmissionContext, lost_slopes: LostSlopes | None = None
         ctx: the admission context: its round's :class:`LostTally`, else its queue, scanned.
         lost_slopes: ``(Σ −α, count)`` of the lost queued generations, if already known.
     """
-    if lost_slopes is None and ctx.lost_tally is not None:
-        lost_slopes = ctx.lost_tally.slopes()
-    if lost_slopes is None:
-        slopes = [-g.spec.tuf.alpha for g in ctx.queued if lost(g, ctx)]
-        lost_slopes = (sum(slopes), len(slopes))
-    total, count = lost_slopes
+    total, count = lost_slopes if lost_slopes is not None else _queued_lost(ctx)
     if count <= 0:
         return 0.0
     free = max(ctx.max_batch - len(ctx.running), 0)
     return total / count * min(count, free)
+
+
+def _queued_lost(ctx: AdmissionContext) -> LostSlopes:
+    """``(Σ −α, count)`` of the queued goals past their zero-utility time: the round's
+    :class:`LostTally`, else the queue scanned."""
+    if ctx.lost_tally is not None:
+        return ctx.lost_tally.slopes()
+    slopes = [-g.spec.tuf.alpha for g in ctx.queued if lost(g, ctx)]
+    return sum(slopes), len(slopes)
 
 
 def _decode_steps(ctx: AdmissionContext) -> DecodeSteps:
@@ -682,6 +695,27 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
     members = set(replica.running)
     return replace(ctx, engine=replica, running=[g for g in ctx.running if g.task_id in members],
                    max_batch=replica.max_num_seqs, batch_columns=None, decode_steps=None)
+
+
+def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: float) -> bool:
+    """The resume reserve (module docstring): False where ``candidate`` is an early resume (a
+    later segment its robot does not need yet: budget > 0) less urgent than the batch's most
+    urgent generation that would take one of the last ``reserve`` share of the batch's slots
+    while no queued goal has lost its utility; True otherwise. On a pool of replicas, the
+    batch and cap of the candidate's replica."""
+    if candidate.k == 0:
+        return True
+    cohort = ctx.engine.cohort(candidate.task_id)
+    if cohort is not None:
+        ctx = (ctx.replica_batches.on_replica(ctx, cohort) if ctx.replica_batches is not None
+               else _on_replica(ctx, cohort))
+    if not ctx.running or len(ctx.running) < ctx.max_batch - int(reserve * ctx.max_batch):
+        return True
+    budget = budget_s(candidate, ctx)
+    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
+    if budget <= 0.0 or budget <= _batch(ctx).most_urgent_budget + tie:
+        return True
+    return _queued_lost(ctx)[1] > 0
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,

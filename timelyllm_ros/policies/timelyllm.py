@@ -7,7 +7,12 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from timelyllm_ros.core.admission import AdmissionContext, fits, latency_guided
+from timelyllm_ros.core.admission import (
+    AdmissionContext,
+    fits,
+    keeps_resume_reserve,
+    latency_guided,
+)
 from timelyllm_ros.core.priority import (
     LOST_ORDERS,
     STRANDED_RULES,
@@ -59,6 +64,11 @@ class TimelyLlmPolicy(Policy):
             generation that misses its budget at l_max even without a join is judged at the
             longest segment seen for its robot kind, while the batch holds at most this
             share of its cap; None (default): the paper's test.
+        resume_reserve: the share of the batch's slots kept from early resumes
+            (:func:`~timelyllm_ros.core.admission.keeps_resume_reserve`): a later segment
+            whose robot does not need it yet, less urgent than the batch's most urgent
+            generation, does not take one of them while no queued goal has lost its utility;
+            None (default): no reserve, as the paper.
     """
 
     name = 'timelyllm'
@@ -67,7 +77,7 @@ class TimelyLlmPolicy(Policy):
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = None, waiting_weight: float = 0.0,
-                 seen_bound: float | None = None) -> None:
+                 seen_bound: float | None = None, resume_reserve: float | None = None) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES)):
             if value not in choices:
@@ -83,6 +93,9 @@ class TimelyLlmPolicy(Policy):
             raise PolicyError(f'waiting_weight must be finite and >= 0, got {waiting_weight}')
         if seen_bound is not None and not 0.0 < seen_bound <= 1.0:   # NaN too
             raise PolicyError(f'seen_bound must be within (0, 1] or None, got {seen_bound}')
+        if resume_reserve is not None and not 0.0 < resume_reserve < 1.0:   # NaN too
+            raise PolicyError(f'resume_reserve must be within (0, 1) or None, got '
+                              f'{resume_reserve}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
         self.stranded_share = stranded_share
@@ -90,6 +103,7 @@ class TimelyLlmPolicy(Policy):
         self.round_stall = round_stall
         self.waiting_weight = waiting_weight
         self.seen_bound = seen_bound
+        self.resume_reserve = resume_reserve
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -148,14 +162,19 @@ class TimelyLlmPolicy(Policy):
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         if ctx.batch_mode == 'fixed':
             return fits(candidate, ctx)
-        return fits(candidate, ctx) and latency_guided(candidate, ctx, self.round_stall,
-                                                       self.waiting_weight, self.seen_bound)
+        if not fits(candidate, ctx):
+            return False
+        if (self.resume_reserve is not None
+                and not keeps_resume_reserve(candidate, ctx, self.resume_reserve)):
+            return False
+        return latency_guided(candidate, ctx, self.round_stall, self.waiting_weight,
+                              self.seen_bound)
 
 
 class TimelyLlmSharePolicy(TimelyLlmPolicy):
     """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``), a
-    round stall budget (``round_stall=1``), a waiting weight (``waiting_weight=1``) and a
-    seen bound (``seen_bound=0.25``).
+    round stall budget (``round_stall=1``), a waiting weight (``waiting_weight=1``), a seen
+    bound (``seen_bound=0.25``) and a resume reserve (``resume_reserve=0.5``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
@@ -166,22 +185,24 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     waiting candidate's wait counts at its TUF slope even within its slack (both measured in
     the README). A most urgent running generation whose segment misses its deadline at l_max
     tokens even alone is judged at the longest segment seen for its robot kind while the
-    batch holds at most a quarter of its cap. Where no goal is stranded, no decision reaches
-    that budget, no running generation is late and none is lost at l_max alone it decides
-    as ``timelyllm`` does.
+    batch holds at most a quarter of its cap, and a resume its robot does not need yet does
+    not take the last half of the slots while no queued goal is lost. Where no goal is
+    stranded, no decision reaches that budget, no running generation is late, none is lost
+    at l_max alone and the batch is at most half full it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
     description = ('timelyllm, with goals stranded before their first segment sharing '
                    "admission, a bound on a decision's prefill stall, waits weighed "
-                   'once the batch is late and seen segment lengths where l_max is lost')
+                   'once the batch is late, seen segment lengths where l_max is lost and '
+                   'slots kept from early resumes')
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = 1.0, waiting_weight: float = 1.0,
-                 seen_bound: float | None = 0.25) -> None:
+                 seen_bound: float | None = 0.25, resume_reserve: float | None = 0.5) -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
-                         round_stall, waiting_weight, seen_bound)
+                         round_stall, waiting_weight, seen_bound, resume_reserve)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
