@@ -689,6 +689,16 @@ def _delay_cost_at_most(gain: float, extra_s: float, batch: BatchColumns, step_n
     return batch.delay_cost(extra_s, step_now, step_next) <= gain
 
 
+def _candidate_replica(candidate: Generation, ctx: AdmissionContext) -> AdmissionContext:
+    """The context of the replica the candidate would join (its cohort), or ``ctx`` itself
+    on a single engine."""
+    cohort = ctx.engine.cohort(candidate.task_id)
+    if cohort is None:
+        return ctx
+    return (ctx.replica_batches.on_replica(ctx, cohort) if ctx.replica_batches is not None
+            else _on_replica(ctx, cohort))
+
+
 def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
     """The context as one replica of a pool sees it: its engine, its running generations, its
     batch cap (the latency test protects the iterations a candidate would slow down)."""
@@ -705,10 +715,7 @@ def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: 
     batch and cap of the candidate's replica."""
     if candidate.k == 0:
         return True
-    cohort = ctx.engine.cohort(candidate.task_id)
-    if cohort is not None:
-        ctx = (ctx.replica_batches.on_replica(ctx, cohort) if ctx.replica_batches is not None
-               else _on_replica(ctx, cohort))
+    ctx = _candidate_replica(candidate, ctx)
     if not ctx.running or len(ctx.running) < ctx.max_batch - int(reserve * ctx.max_batch):
         return True
     budget = budget_s(candidate, ctx)
@@ -759,10 +766,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         seen_bound: the share s of the batch cap within (0, 1] up to which the seen bound
             applies, or None for none (the paper's test).
     """
-    cohort = ctx.engine.cohort(candidate.task_id)
-    if cohort is not None:
-        ctx = (ctx.replica_batches.on_replica(ctx, cohort) if ctx.replica_batches is not None
-               else _on_replica(ctx, cohort))
+    ctx = _candidate_replica(candidate, ctx)
     if not ctx.running:
         return True
     batch = _batch(ctx)
