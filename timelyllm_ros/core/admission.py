@@ -720,10 +720,18 @@ def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: 
     if not ctx.running or len(ctx.running) < ctx.max_batch - int(reserve * ctx.max_batch):
         return True
     budget = budget_s(candidate, ctx)
-    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
-    if budget <= 0.0 or budget <= _batch(ctx).most_urgent_budget + tie:
+    if budget <= 0.0 or _as_urgent(candidate, budget, ctx, _batch(ctx)):
         return True
     return _queued_lost(ctx)[1] > 0
+
+
+def _as_urgent(candidate: Generation, candidate_budget: float, ctx: AdmissionContext,
+               batch: BatchColumns) -> bool:
+    """Whether the candidate (its budget given) is at least as urgent as the batch's most
+    urgent generation: budgets closer than ``ctx.urgency_tie_s`` count as equal
+    (:func:`latency_guided`)."""
+    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
+    return candidate_budget <= batch.most_urgent_budget + tie
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
@@ -772,9 +780,8 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         return True
     batch = _batch(ctx)
     budget = batch.most_urgent_budget           # the first of equals, as min() would
-    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
     candidate_budget = budget_s(candidate, ctx)
-    if candidate_budget <= budget + tie:
+    if _as_urgent(candidate, candidate_budget, ctx, batch):
         if round_stall is not None:
             batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id))
         return True
