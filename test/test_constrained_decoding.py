@@ -34,7 +34,9 @@ TELLO = load_profile('tello')
 GRAMMAR = plan_grammar(TELLO)
 assert GRAMMAR is not None
 # The same grammar, made to open a loop first: every run is cut inside a block at least once.
-BLOCK_FIRST = GRAMMAR.gbnf.replace('root ::= " "? stmt-0-20', 'root ::= "3" body-1-6', 1)
+BLOCK_FIRST = GRAMMAR.gbnf.replace('root ::= " "? flying', 'root ::= "3" body-1-6 (sep flying)?',
+                                   1)
+assert BLOCK_FIRST != GRAMMAR.gbnf
 TASK = 'Scene: [] Task: [A] Look around the room for the keys and fly to them.'
 PROMPT = f'Task: {TASK}\nPlan:'
 MAX_TOKENS = TELLO.max_tokens

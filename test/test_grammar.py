@@ -214,6 +214,50 @@ def test_a_grounded_grammar_names_only_the_tasks_objects(byte_tokenizer) -> None
     assert accepts(byte_tokenizer, plan_grammar(tello).gbnf, "s('dog')")
 
 
+@pytest.mark.parametrize('plan, inside', [
+    ('mf(50);ld()', True),
+    ("mf(50);ld();l('down');tp();d(1.5)", True),             # on the ground: log, picture, wait
+    ('ld();to();mf(50);ld()', True),                          # takes off again, then flies
+    ('ld();to()', True),
+    ("s('cat');ld();\n", True),
+    ('ld();mf(50)', False),                                  # issue 32: SmolLM2 wrote this
+    ("ld();s('cat')", False),                                # a scan turns the drone
+    ("mf(50);ld();l('down');tc(90)", False),
+    ('3{mf(50);ld()}', False),                               # the next repetition flies
+    ("?iv('cat')==True{ld()}", False),                        # the plan after it flies on
+    ('ld();ld()', False),
+])
+def test_a_drone_grammar_flies_only_after_a_takeoff(byte_tokenizer, plan, inside) -> None:
+    """The live CPU-engine test failed once when SmolLM2 landed a hovering Tello and then told
+    it to move ('error Not flying'): the tello profile's flight rule makes every grammar of
+    it (grounded or not) keep the drone on the ground after ``ld()`` until ``to()``."""
+    from timelyllm_ros.evaluation.plan_judge import flight_problem
+
+    profile = load_profile('tello')
+    assert profile.flight is not None
+    for gbnf in (plan_grammar(profile).gbnf, plan_grammar(profile, ('cat',)).gbnf):
+        assert accepts(byte_tokenizer, gbnf, plan) is inside, gbnf[:80]
+    statements = [s for cut in segment_text(profile, plan) for s in cut.statements]
+    assert (flight_problem(statements, profile.flight) == '') is inside
+
+
+def test_random_drone_plans_keep_the_flight_rule(byte_tokenizer) -> None:
+    from timelyllm_ros.evaluation.plan_judge import flight_problem
+
+    profile = load_profile('tello')
+    assert profile.flight is not None
+    gbnf = plan_grammar(profile).gbnf
+    # lean toward landing and what may follow it, which a uniform walk seldom spells
+    plans = random_plans(byte_tokenizer, gbnf, random.Random(32), max_bytes=600,
+                         end_chance=0.05, toward=b"ld()to();l'dtp")
+    for text in plans:
+        statements = [s for cut in segment_text(profile, text) for s in cut.statements]
+        assert flight_problem(statements, profile.flight) == '', text
+    landed = [text for text in plans if 'ld()' in text]
+    flew_again = [text for text in landed if 'to()' in text.split('ld()', 1)[1]]
+    assert len(plans) >= 50 and len(landed) >= 20 and flew_again, (len(plans), len(landed))
+
+
 ARM_TASK = ('Scene: [cup x:0.40 y:0.50 width:0.10 height:0.12], Task: [A] Put the cup on the '
             'tray, then the spoon near the cup.')
 

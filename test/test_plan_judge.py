@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from timelyllm_ros.evaluation.plan_judge import arm_problem, grounded, judge_plan, plan_calls
+from timelyllm_ros.evaluation.plan_judge import (
+    arm_problem,
+    flight_problem,
+    grounded,
+    judge_plan,
+    plan_calls,
+)
 from timelyllm_ros.evaluation.plan_quality import PlanOutcome, judge_usefulness, summarize
 from timelyllm_ros.language.grounding import scene_objects
 from timelyllm_ros.language.profiles import load_profile
@@ -76,6 +82,20 @@ def test_the_arm_holds_one_thing_and_picks_where_it_went() -> None:
     assert arm_problem(calls("move_to('a');pick('a');release();move_to('c');pick('c')")) == ''
     assert 'not at' in arm_problem(calls("move_to('a');pick('a');place('a','tray')"))
     assert arm_problem(calls("move_to('a');pick('a');move_to('b');place('a','near_b')")) == ''
+
+
+def test_the_drone_flies_only_after_a_takeoff() -> None:
+    def problem(plan: str) -> str:
+        assert TELLO.flight is not None
+        statements = [s for cut in segment_text(TELLO, plan, 'eos') for s in cut.statements]
+        return flight_problem(statements, TELLO.flight)
+    assert problem("mf(50);ld();l('down');d(1.0)") == ''
+    assert problem('ld();to();2{mf(50)};ld()') == ''
+    assert problem('ld();2{mf(50)}') == 'mf(50): the drone landed at ld() and has not taken off'
+    assert problem("s('cat');?iv('cat')==True{ld()}") == (
+        "?iv('cat')==True{ld()}: lands inside a loop or condition")
+    judgement = _judge(TELLO, 1, "s('cat');g('cat');ld();mf(50)")
+    assert judgement.verdict == 'useless' and 'has not taken off' in judgement.reason
 
 
 def test_a_plan_that_did_not_run_is_useless_and_a_chat_answer_is_not_judged() -> None:

@@ -418,3 +418,21 @@ def test_a_gripper_rule_names_skills_that_take_things(tmp_path):
     with pytest.raises(ProfileError, match=r'move_joint must take the string arguments'):
         load_profile_file(_write(tmp_path, data, 'arm.yaml'))
     assert load_profile('tello').gripper is None
+
+
+def test_a_flight_rule_names_a_takeoff_a_landing_and_what_is_done_landed(tmp_path):
+    data = yaml.safe_load((PROFILES_DIR / 'tello.yaml').read_text(encoding='utf-8'))
+    flight = load_profile('tello').flight
+    assert flight is not None and (flight.takeoff, flight.land) == ('takeoff', 'land')
+    for rule, error in [({'land': 'descend'}, "no skill named 'descend'"),
+                        ({'land': 'move_up'}, 'move_up must take no arguments'),
+                        ({'on_ground': ['log', 'sing']}, "on_ground names no skill 'sing'"),
+                        ({'on_ground': ['takeoff']}, "on_ground holds 'takeoff'")]:
+        data['flight'] = rule
+        with pytest.raises(ProfileError, match=error):
+            load_profile_file(_write(tmp_path, data, 'drone.yaml'))
+    arm = yaml.safe_load((PROFILES_DIR / 'indy7.yaml').read_text(encoding='utf-8'))
+    arm['flight'] = {'takeoff': 'grip', 'land': 'release', 'on_ground': []}
+    with pytest.raises(ProfileError, match='a gripper rule or a flight rule, not both'):
+        load_profile_file(_write(tmp_path, arm, 'arm.yaml'))
+    assert load_profile('indy7').flight is None

@@ -11,6 +11,8 @@ whatever was asked. This judge reads a plan against its task and the task's refe
 * **the arm's world** -- a robot with a gripper rule (the profile's ``gripper``: the Indy7)
   holds one thing at a time: ``pick`` needs an empty gripper and the arm at that object
   (``move_to`` it first); ``place`` what it holds, where the arm went;
+* **flight** -- a robot with a flight rule (the profile's ``flight``: the Tello) does only
+  what needs no flight after ``ld()`` until ``to()``, and lands at the plan's top level only;
 * **coverage of the reference** -- the share of the reference's skills the plan uses, and of
   its objects the plan names; and its first movement: where the reference opens with a move
   (an evasion, "move up and then ...") another first move makes the plan useless, elsewhere
@@ -34,7 +36,7 @@ from typing import Literal
 
 from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES, scene_objects, words
 from timelyllm_ros.language.plan import SkillCall, Statement
-from timelyllm_ros.language.profiles import GripperRule, RobotProfile
+from timelyllm_ros.language.profiles import FlightRule, GripperRule, RobotProfile
 from timelyllm_ros.language.segmenter import segment_text
 
 Verdict = Literal['useful', 'partly', 'useless']
@@ -127,6 +129,25 @@ def arm_problem(calls: Sequence[SkillCall], gripper: GripperRule | None = None) 
     return ''
 
 
+def flight_problem(statements: Sequence[Statement], rule: FlightRule) -> str:
+    """Why a flying robot could not do these statements in order ('' if it could) under its
+    flight rule: after landing only the skills done on the ground until it takes off, and no
+    landing inside a loop or condition (the drone would fly on after it)."""
+    landed_by = ''
+    for statement in statements:
+        landing = next((c for c in statement.calls if c.skill == rule.land), None)
+        if landing is not None and statement.kind != 'skill':
+            return f'{statement.text}: lands inside a loop or condition'
+        for call in statement.calls:
+            if call.skill == rule.takeoff:
+                landed_by = ''
+            elif landed_by and call.skill not in rule.on_ground:
+                return f'{call.text}: the drone landed at {landed_by} and has not taken off'
+            elif call.skill == rule.land:
+                landed_by = call.text
+    return ''
+
+
 def _put(call: SkillCall) -> tuple[frozenset[str], frozenset[str]]:
     """What a put call puts where, as the names' words (``near_x`` is at ``x``)."""
     return _name(str(call.args.get('object', ''))), _name(str(call.args.get('where', '')))
@@ -157,6 +178,10 @@ def judge_plan(profile: RobotProfile, task: str, reference: str,
             return verdict('useless', f'names {name!r}, which the scene and task do not hold')
     if profile.gripper is not None:
         problem = arm_problem(calls, profile.gripper)
+        if problem:
+            return verdict('useless', problem)
+    if profile.flight is not None:
+        problem = flight_problem(statements, profile.flight)
         if problem:
             return verdict('useless', problem)
     if not (ref_skills & skills) and not (ref_names & names):

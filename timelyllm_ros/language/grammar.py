@@ -27,7 +27,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from timelyllm_ros.language.grounding import OBJECT_ARGS, PLACE_PREFIXES
-from timelyllm_ros.language.profiles import GripperRule, RobotProfile, Skill, SkillArg
+from timelyllm_ros.language.profiles import (
+    FlightRule,
+    GripperRule,
+    RobotProfile,
+    Skill,
+    SkillArg,
+)
 from timelyllm_ros.recently_used import recently_used
 
 MAX_STRING_CHARS = 40
@@ -183,6 +189,10 @@ class _GrammarWriter:
     the held object there (``move_to('tray');place('cup','tray')``); letting go empties the
     hand. A condition of the top level entered with an empty hand is such a sequence that
     ends empty; every other body keeps the hand as it is (no take, put or letting go).
+
+    With a flight rule, a landing is written only as a statement of the plan's top level, and
+    after it only the skills done on the ground until a takeoff: ``mf(50);ld();l('down')``,
+    ``ld();to();mf(50)``, never ``ld();mf(50)`` nor ``3{mf(50);ld()}``.
     """
 
     def __init__(self, profile: RobotProfile, objects: tuple[str, ...] | None = None) -> None:
@@ -190,15 +200,18 @@ class _GrammarWriter:
         self.objects = objects          # None: any string names a thing
         # the hand's state needs the things it can hold: a grounded grammar's objects
         self.gripper: GripperRule | None = profile.gripper if objects else None
+        self.flight: FlightRule | None = profile.flight
         self.rules: dict[str, str] = {}
 
     def write(self) -> str:
         profile = self.profile
-        if self.gripper is None:
+        if self.gripper is not None:
+            plan = self._sequence('e', 0, profile.max_loop_count, closed=False)
+        elif self.flight is not None:
+            plan = self._flight(self.flight)
+        else:
             top = self._statement(0, profile.max_loop_count)
             plan = f'{top} (sep {top})*'
-        else:
-            plan = self._sequence('e', 0, profile.max_loop_count, closed=False)
         self.rules['sep'] = '";" "\\n"?'
         self.rules['string'] = (f'"\'" [a-zA-Z0-9] [{_STRING_CHARS}]{{0,{MAX_STRING_CHARS - 1}}} '
                                 '"\'"')
@@ -301,6 +314,21 @@ class _GrammarWriter:
         self.rules[name] = _alternatives(options)
         return name
 
+    def _flight(self, flight: FlightRule) -> str:
+        """The plan under a flight rule: statements that do not land (the calls leave the
+        landing out), then maybe a landing; after it, calls done on the ground, and maybe a
+        takeoff and the same again."""
+        top = self._statement(0, self.profile.max_loop_count)
+        on_ground = [s for s in self.profile.skills if s.name in flight.on_ground]
+        self.rules['ground-call'] = _alternatives(self._skill_call(s.short, s.args)
+                                                  for s in on_ground)
+        land = _literal(self._short(flight.land) + '()')
+        takeoff = _literal(self._short(flight.takeoff) + '()')
+        ground = '(sep ground-call)* ' if on_ground else ''
+        self.rules['flying'] = f'({top} (sep {top})* (sep landed)?) | landed'
+        self.rules['landed'] = f'{land} {ground}(sep {takeoff} (sep flying)?)?'
+        return 'flying'
+
     def _hand_rules(self, index: int) -> tuple[str, str, str, str]:
         """The rules naming object ``index`` in the hand's calls: its reach, its take, the head
         of a put of it (``place('cup',``) and a put's place at it (``'near_cup')``). Written
@@ -330,6 +358,8 @@ class _GrammarWriter:
         if name in self.rules:
             return name
         barred: set[str] = set()
+        if self.flight is not None and not query_only:
+            barred.add(self.flight.land)      # a landing is the plan's own (``_flight``)
         if hand and self.gripper is not None:
             # Taking and putting are written by a sequence (after a reach), and so are a
             # reach and letting go while holding; a body that keeps the hand (k) neither

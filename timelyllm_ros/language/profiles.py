@@ -222,6 +222,20 @@ class GripperRule(BaseModel):
     open: str = 'release'
 
 
+class FlightRule(BaseModel):
+    """How a robot that flies lands, by skill name: after ``land()`` it does only what needs no
+    flight (``on_ground``: logging, a picture, a wait) until ``takeoff()`` lifts it again, and a
+    loop or condition does not land (its next repetition or the plan after it would fly on).
+    The plan judge checks plans against it, and the plan grammar lets a model write only plans
+    that keep it (a drone told to move on the ground refuses: the segment would fail)."""
+
+    model_config = ConfigDict(extra='forbid', frozen=True)
+
+    takeoff: str = 'takeoff'
+    land: str = 'land'
+    on_ground: tuple[str, ...] = ('log', 'take_picture', 'delay')
+
+
 class PromptParts(BaseModel):
     """The parts of a planning prompt for one robot kind: fixed ones, and examples chosen per
     task from a pool (:mod:`~timelyllm_ros.language.examples`)."""
@@ -308,6 +322,9 @@ class RobotProfile(BaseModel):
     gripper: GripperRule | None = Field(
         default=None,
         description='The robot holds one thing at a time with these skills (an arm).')
+    flight: FlightRule | None = Field(
+        default=None,
+        description='The robot flies: after landing it moves only once it took off (a drone).')
     prompt: PromptParts
 
     @model_validator(mode='after')
@@ -324,7 +341,26 @@ class RobotProfile(BaseModel):
                 seen[key] = skill.name
         if self.gripper is not None:
             self._check_gripper(self.gripper, {s.name: s for s in self.skills})
+        if self.flight is not None:
+            if self.gripper is not None:
+                raise ValueError('a profile has a gripper rule or a flight rule, not both: the '
+                                 'plan grammar follows one of them')
+            self._check_flight(self.flight, {s.name: s for s in self.skills})
         return self
+
+    @staticmethod
+    def _check_flight(flight: FlightRule, skills: dict[str, Skill]) -> None:
+        for name in (flight.takeoff, flight.land):
+            skill = skills.get(name)
+            if skill is None:
+                raise ValueError(f'flight: no skill named {name!r}')
+            if skill.args:
+                raise ValueError(f'flight: {name} must take no arguments')
+        for name in flight.on_ground:
+            if name not in skills:
+                raise ValueError(f'flight: on_ground names no skill {name!r}')
+            if name in (flight.takeoff, flight.land):
+                raise ValueError(f'flight: on_ground holds {name!r}, the takeoff or the landing')
 
     @staticmethod
     def _check_gripper(gripper: GripperRule, skills: dict[str, Skill]) -> None:
