@@ -371,6 +371,55 @@ def test_a_seen_bound_judges_a_generation_lost_at_l_max_by_its_longest_seen_segm
     assert create_policy('timelyllm').seen_bound is None
 
 
+def test_where_the_seen_bound_judges_only_less_urgent_joins_use_the_stall_budget() -> None:
+    """The round stall budget is k × the most urgent generation's time left at l_max; where
+    that generation misses its budget at l_max anyway and the seen bound judges it, the
+    prefills of joins at least as urgent (which come first whatever is refused) do not count
+    in it: the default regime's normal goals waited behind urgent ones for nothing."""
+    from timelyllm_ros.core.admission import BatchColumns
+
+    engine = _engine(gpu_kv_tokens=1 << 16, max_num_seqs=8)
+    urgent = _add(engine, 'u', 10, task_class='urgent', segment_tokens=2, run=True)
+    running = [urgent]
+
+    def round_ctx(seen: int | None) -> AdmissionContext:
+        return replace(_ctx(engine, running, now=0.05, max_batch=8),
+                       batch_columns=BatchColumns(), seen_segment_tokens=lambda g: seen)
+
+    for seen, joins in ((4, True), (None, False)):
+        ctx = round_ctx(seen)
+        # an urgent peer as urgent as 'u' joins and prices its 0.25 s prefill
+        peer = _add(engine, f'p{seen}', 2500, task_class='urgent')
+        assert engine.run_cost_s(peer.task_id) == pytest.approx(0.25)
+        assert latency_guided(peer, ctx, round_stall=1.0, seen_bound=0.5)
+        engine.run(peer.task_id)
+        running.append(peer)
+        # 'u' misses its 0.142 s budget at l_max (8 × 0.030 = 0.24 s at 2 running) and the
+        # round stall 0.25 + 0.001 s is over 1 × 0.24 s; seen 4 tokens, the peer's prefill
+        # does not count and 0.001 + 3 × 0.040 s = 0.121 s is within the budget; with
+        # nothing seen the stall budget refuses
+        normal = _add(engine, f'n{seen}', 10)
+        assert latency_guided(normal, ctx, round_stall=1.0, seen_bound=0.5) is joins
+        assert latency_guided(normal, round_ctx(seen), seen_bound=0.5) is joins
+        running.remove(peer)
+        engine.release(peer.task_id)
+    # the less urgent joins' stall still counts there: with k = 0.05, 0.05 × 8 × 0.040 s =
+    # 0.016 s at 3 running; 'n' (0.001 s) joined, so 'm' (0.016 s) would stall 0.017 s
+    ctx = round_ctx(3)
+    peer = _add(engine, 'p', 2500, task_class='urgent')
+    assert latency_guided(peer, ctx, round_stall=0.05, seen_bound=0.5)
+    engine.run('p')
+    running.append(peer)
+    normal = _add(engine, 'n', 10)
+    assert latency_guided(normal, ctx, round_stall=0.05, seen_bound=0.5)
+    engine.run('n')
+    running.append(normal)
+    more = _add(engine, 'm', 160)
+    assert engine.run_cost_s('m') == pytest.approx(0.016)
+    assert latency_guided(more, round_ctx(3), seen_bound=0.5)     # alone: 0.016 + 2 × 0.05
+    assert not latency_guided(more, ctx, round_stall=0.05, seen_bound=0.5)
+
+
 @pytest.mark.parametrize('value', [0.0, -0.1, 1.5, math.nan])
 def test_seen_bound_must_be_a_share_of_the_cap(value: float) -> None:
     from timelyllm_ros.errors import PolicyError

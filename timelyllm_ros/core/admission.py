@@ -36,7 +36,10 @@ regime, where each prefill is a whole prompt). With a round stall budget
 (``latency_guided(..., round_stall=k)``), once a round has admitted a join a less urgent
 candidate joins only while the run costs of the round's joins stay within ``k`` times the
 most urgent running generation's remaining segment time (:class:`BatchColumns` keeps the
-sum).
+sum). Where the seen bound below judges that generation, only the joins less urgent than it
+count: those at least as urgent (its peers of one event, often itself) prefill first whatever
+is refused, and counting them left the default regime's normal goals waiting behind urgent
+ones for nothing (measured in the README).
 
 The loss test weighs a waiting candidate's own loss only past its deadline: a candidate with
 slack loses nothing by waiting, so any delay cost to a late running generation refuses it.
@@ -405,14 +408,17 @@ class BatchColumns:
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
         self._l_max: dict[str, int] = {}          # l_max per robot profile, asked once
         self.stall_s = 0.0          # run costs of the generations the round joined (priced)
-        self._priced: dict[str, float] = {}       # admitted, not yet seen joining: run cost
+        self.less_urgent_stall_s = 0.0    # of those, the ones less urgent than the batch's
+        self._priced: dict[str, tuple[float, bool]] = {}   # admitted, not yet seen joining:
+                                                            # run cost, less urgent
         self._reset()
 
-    def price(self, task_id: str, run_cost_s: float) -> None:
+    def price(self, task_id: str, run_cost_s: float, less_urgent: bool) -> None:
         """An admission test let this generation join at this run cost: once it is seen in
-        the batch (:meth:`of`), the cost counts in :attr:`stall_s` (a generation the engine
-        then failed to start never does)."""
-        self._priced[task_id] = run_cost_s
+        the batch (:meth:`of`), the cost counts in :attr:`stall_s`, and in
+        :attr:`less_urgent_stall_s` if it was less urgent than the batch's most urgent
+        generation (a generation the engine then failed to start never counts)."""
+        self._priced[task_id] = (run_cost_s, less_urgent)
 
     def _reset(self) -> None:
         self.generations: list[Generation] = []
@@ -522,7 +528,10 @@ class BatchColumns:
             return self
         if self._priced:
             for g in added:
-                self.stall_s += self._priced.pop(g.task_id, 0.0)
+                cost, less_urgent = self._priced.pop(g.task_id, (0.0, False))
+                self.stall_s += cost
+                if less_urgent:
+                    self.less_urgent_stall_s += cost
         start = len(self.generations)
         if len(added) >= _ROWS_AT_ONCE:
             self._add_rows(added, ctx)
@@ -756,7 +765,8 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
 
     With ``round_stall`` k (module docstring), a less urgent candidate is also refused once
     the round's joins so far and its own run cost would stall the batch longer than k times
-    the most urgent running generation's remaining segment time at the present step.
+    the most urgent running generation's remaining segment time at the present step; where
+    the seen bound judges that generation, only the round's less urgent joins count.
 
     With ``waiting_weight`` ρ (module docstring), the loss test counts the candidate's wait
     within its slack too, at ρ·(−α) per second, beside its lateness past its deadline.
@@ -783,7 +793,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     candidate_budget = budget_s(candidate, ctx)
     if _as_urgent(candidate, candidate_budget, ctx, batch):
         if round_stall is not None:
-            batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id))
+            batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id), False)
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
@@ -792,15 +802,19 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     recent, scale_next = _step_scale(size + 1, ctx, decode_s)
     scale_now = _step_scale(size, ctx, decode_s)[1]
     wait = remaining * recent * scale_now
-    if (round_stall is not None and batch.stall_s > 0.0
-            and batch.stall_s + extra > round_stall * wait):
+    seen = None                     # the seen length, where the seen bound judges
+    if (budget > 0 and seen_bound is not None and wait > budget
+            and size + 1 <= seen_bound * ctx.max_batch):
+        seen = seen_remaining(batch.generations[batch.most_urgent], ctx)
+    # where the seen bound judges, the joins at least as urgent (the most urgent one's peers,
+    # often itself) prefill first whatever is refused: only the less urgent ones' stall counts
+    stall = batch.stall_s if seen is None else batch.less_urgent_stall_s
+    if round_stall is not None and stall > 0.0 and stall + extra > round_stall * wait:
         return False
     if budget > 0:
         admit = extra + remaining * recent * scale_next <= budget
-        if (not admit and seen_bound is not None and wait > budget
-                and size + 1 <= seen_bound * ctx.max_batch):
-            seen = seen_remaining(batch.generations[batch.most_urgent], ctx)
-            admit = seen is not None and extra + seen * recent * scale_next <= budget
+        if not admit and seen is not None:
+            admit = extra + seen * recent * scale_next <= budget
     else:
         gain = wait * queue_loss_rate(ctx)
         if not lost(candidate, ctx):        # a lost candidate is counted in the queue's rate
@@ -811,5 +825,5 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         admit = _delay_cost_at_most(gain, extra, batch, recent * scale_now,
                                     recent * scale_next)
     if admit and round_stall is not None:
-        batch.price(candidate.task_id, extra)
+        batch.price(candidate.task_id, extra, True)
     return admit

@@ -53,7 +53,8 @@ class TimelyLlmPolicy(Policy):
             (:func:`~timelyllm_ros.core.admission.latency_guided`): once a decision has
             admitted a join, a less urgent candidate joins only while the decision's joins
             stall the batch for at most this many times the most urgent running
-            generation's remaining segment time; None (default): the paper's test alone.
+            generation's remaining segment time (only the less urgent joins where the seen
+            bound judges that generation); None (default): the paper's test alone.
         waiting_weight: the latency test's waiting weight ρ ≥ 0
             (:func:`~timelyllm_ros.core.admission.latency_guided`): once the most urgent
             running generation is late, a waiting candidate's wait within its slack counts
@@ -181,14 +182,15 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     on the authors' arm workload in the paper's setup). Here such goals, the one that has
     lost most first, take every other place of Eq. 4's order, as many as join without
     harming a plan under way. A decision's joins stall the batch for at most the most urgent
-    running generation's remaining segment time, and once the most urgent one is late a
-    waiting candidate's wait counts at its TUF slope even within its slack (both measured in
-    the README). A most urgent running generation whose segment misses its deadline at l_max
-    tokens even alone is judged at the longest segment seen for its robot kind while the
-    batch holds at most a quarter of its cap, and a resume its robot does not need yet does
-    not take the last half of the slots while no queued goal is lost. Where no goal is
-    stranded, no decision reaches that budget, no running generation is late, none is lost
-    at l_max alone and the batch is at most half full it decides as ``timelyllm`` does.
+    running generation's remaining segment time (the less urgent ones' where the seen bound
+    judges it), and once the most urgent one is late a waiting candidate's wait counts at
+    its TUF slope even within its slack (both measured in the README). A most urgent running
+    generation whose segment misses its deadline at l_max tokens even alone is judged at the
+    longest segment seen for its robot kind while the batch holds at most a quarter of its
+    cap, and a resume its robot does not need yet does not take the last half of the slots
+    while no queued goal is lost. Where no goal is stranded, no decision reaches that budget,
+    no running generation is late, none is lost at l_max alone and the batch is at most half
+    full it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
