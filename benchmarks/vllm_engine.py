@@ -139,15 +139,23 @@ def run_raw(model: str, options: dict[str, str], prompts: dict[int, list[list[in
 
 
 def long_plans(gbnf: str, statements: int) -> str:
-    """A plan grammar whose plans hold at least ``statements`` statements: its root's
-    repetition given a lower bound (end of text is refused until then)."""
-    root, newline, rest = gbnf.partition('\n')
+    """A plan grammar whose plans hold at least ``statements`` statements: the repetition of
+    the plan's top-level statements given a lower bound (end of text is refused until then).
+    It is the root's, or under a flight rule the ``flying`` rule's, which then no longer
+    begins with a landing (a plan of one ``ld()`` would end at once)."""
     repeated = '(sep stmt-0-20)*'
-    if not root.startswith('root ::=') or repeated not in root:
-        raise ValueError(f'not a plan grammar root: {root!r}')
+    lines = gbnf.split('\n')
+    if not lines[0].startswith('root ::='):
+        raise ValueError(f'not a plan grammar root: {lines[0]!r}')
+    flying = 'flying ::= (stmt-0-20 (sep stmt-0-20)* (sep landed)?) | landed'
+    at = 0 if repeated in lines[0] else lines.index(flying) if flying in lines else -1
+    if at < 0:
+        raise ValueError(f'not a plan grammar root: {lines[0]!r}')
     if statements <= 1:
         return gbnf
-    return root.replace(repeated, f'(sep stmt-0-20){{{statements - 1},}}') + newline + rest
+    bounded = lines[at].replace(repeated, f'(sep stmt-0-20){{{statements - 1},}}')
+    lines[at] = bounded.removesuffix(' | landed') if at else bounded
+    return '\n'.join(lines)
 
 
 @contextlib.contextmanager

@@ -38,6 +38,17 @@ def test_a_long_plan_may_end_only_after_its_statements() -> None:
             as_is.accept(int(token))
         ends.append((long.allows(eos), as_is.allows(eos)))
     assert ends == [(False, True), (False, True), (True, True)]
+    # under the Tello's flight rule a plan may open with a landing; a long one may not
+    opening = tokenizer.encode('ld();to()', add_special_tokens=False)
+    for bounded, allowed in ((grammars.grammar(plans.gbnf), True),
+                             (grammars.grammar(bench.long_plans(plans.gbnf, 3)), False)):
+        taken = []
+        for token in opening:
+            taken.append(bounded.allows(int(token)))
+            if not taken[-1]:
+                break
+            bounded.accept(int(token))
+        assert all(taken) is allowed, taken
     assert bench.long_plans(plans.gbnf, 1) == plans.gbnf
     assert bench.long_plans(plans.gbnf, 0) == plans.gbnf
     with pytest.raises(ValueError, match='not a plan grammar root'):
