@@ -241,6 +241,23 @@ def test_a_drone_grammar_flies_only_after_a_takeoff(byte_tokenizer, plan, inside
     assert (flight_problem(statements, profile.flight) == '') is inside
 
 
+def test_a_drone_that_does_nothing_on_the_ground_only_takes_off_after_landing(
+        byte_tokenizer, tmp_path) -> None:
+    """``on_ground: []``: the grammar writes no empty rule (it would not compile)."""
+    import yaml
+
+    from timelyllm_ros.language.profiles import PROFILES_DIR, load_profile_file
+
+    data = yaml.safe_load((PROFILES_DIR / 'tello.yaml').read_text(encoding='utf-8'))
+    data['flight'] = {'on_ground': []}
+    path = tmp_path / 'drone.yaml'
+    path.write_text(yaml.safe_dump(data), encoding='utf-8')
+    grammar = plan_grammar(load_profile_file(path))
+    assert grammar is not None and 'ground-call' not in grammar.gbnf
+    assert accepts(byte_tokenizer, grammar.gbnf, 'mf(50);ld();to();mf(50)')
+    assert not accepts(byte_tokenizer, grammar.gbnf, "mf(50);ld();l('down')")
+
+
 def test_random_drone_plans_keep_the_flight_rule(byte_tokenizer) -> None:
     from timelyllm_ros.evaluation.plan_judge import flight_problem
 

@@ -320,11 +320,13 @@ class _GrammarWriter:
         takeoff and the same again."""
         top = self._statement(0, self.profile.max_loop_count)
         on_ground = [s for s in self.profile.skills if s.name in flight.on_ground]
-        self.rules['ground-call'] = _alternatives(self._skill_call(s.short, s.args)
-                                                  for s in on_ground)
+        ground = ''
+        if on_ground:                   # an empty rule would not compile
+            self.rules['ground-call'] = _alternatives(self._skill_call(s.short, s.args)
+                                                      for s in on_ground)
+            ground = '(sep ground-call)* '
         land = _literal(self._short(flight.land) + '()')
         takeoff = _literal(self._short(flight.takeoff) + '()')
-        ground = '(sep ground-call)* ' if on_ground else ''
         self.rules['flying'] = f'({top} (sep {top})* (sep landed)?) | landed'
         self.rules['landed'] = f'{land} {ground}(sep {takeoff} (sep flying)?)?'
         return 'flying'
