@@ -148,13 +148,16 @@ def long_plans(gbnf: str, statements: int) -> str:
     if not lines[0].startswith('root ::='):
         raise ValueError(f'not a plan grammar root: {lines[0]!r}')
     flying = 'flying ::= (stmt-0-20 (sep stmt-0-20)* (sep landed)?) | landed'
-    at = 0 if repeated in lines[0] else lines.index(flying) if flying in lines else -1
-    if at < 0:
+    if repeated in lines[0]:
+        at, opening = 0, ''
+    elif flying in lines:
+        at, opening = lines.index(flying), ' | landed'
+    else:
         raise ValueError(f'not a plan grammar root: {lines[0]!r}')
     if statements <= 1:
         return gbnf
     bounded = lines[at].replace(repeated, f'(sep stmt-0-20){{{statements - 1},}}')
-    lines[at] = bounded.removesuffix(' | landed') if at else bounded
+    lines[at] = bounded.removesuffix(opening)
     return '\n'.join(lines)
 
 

@@ -793,7 +793,8 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     candidate_budget = budget_s(candidate, ctx)
     if _as_urgent(candidate, candidate_budget, ctx, batch):
         if round_stall is not None:
-            batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id), False)
+            batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id),
+                        less_urgent=False)
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
     size = len(ctx.running)
@@ -825,5 +826,5 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         admit = _delay_cost_at_most(gain, extra, batch, recent * scale_now,
                                     recent * scale_next)
     if admit and round_stall is not None:
-        batch.price(candidate.task_id, extra, True)
+        batch.price(candidate.task_id, extra, less_urgent=True)
     return admit

@@ -135,8 +135,7 @@ def flight_problem(statements: Sequence[Statement], rule: FlightRule) -> str:
     landing inside a loop or condition (the drone would fly on after it)."""
     landed_by = ''
     for statement in statements:
-        landing = next((c for c in statement.calls if c.skill == rule.land), None)
-        if landing is not None and statement.kind != 'skill':
+        if statement.kind != 'skill' and any(c.skill == rule.land for c in statement.calls):
             return f'{statement.text}: lands inside a loop or condition'
         for call in statement.calls:
             if call.skill == rule.takeoff:

@@ -339,13 +339,14 @@ class RobotProfile(BaseModel):
                 if seen.get(key, skill.name) != skill.name:
                     raise ValueError(f'skill key {key!r} used by {seen[key]} and {skill.name}')
                 seen[key] = skill.name
+        by_name = {s.name: s for s in self.skills}
         if self.gripper is not None:
-            self._check_gripper(self.gripper, {s.name: s for s in self.skills})
+            self._check_gripper(self.gripper, by_name)
         if self.flight is not None:
             if self.gripper is not None:
                 raise ValueError('a profile has a gripper rule or a flight rule, not both: the '
                                  'plan grammar follows one of them')
-            self._check_flight(self.flight, {s.name: s for s in self.skills})
+            self._check_flight(self.flight, by_name)
         return self
 
     @staticmethod
