@@ -454,3 +454,74 @@ def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:
                                                beta[:1].repeat(2), alpha[:1].repeat(2), g[:2],
                                                COMM), first[:2], _arr(7, 3))
     assert same.tolist() == [1, 0]
+
+
+def test_rate_ranks_are_the_ranks_among_the_distinct_rates() -> None:
+    """A rank is one plus the count of distinct rates below it, whether found by a pass a
+    rate (a few distinct rates, as a fleet's TUF classes give) or by the sort (many, or a
+    NaN): the same as ranking against ``np.unique``."""
+    from timelyllm_ros.core.priority import _FEW_RATES, _rate_ranks
+
+    def reference(rates: np.ndarray) -> np.ndarray:
+        return np.searchsorted(np.unique(rates), rates).astype(float) + 1.0
+
+    rng = np.random.default_rng(3)
+    for distinct in (1, 2, 3, _FEW_RATES, _FEW_RATES + 1, 40):
+        values = -rng.uniform(0.1, 5.0, distinct)
+        rates = rng.choice(values, size=500)
+        assert np.array_equal(_rate_ranks(rates), reference(rates))
+    assert _rate_ranks(np.empty(0)).tolist() == []
+    with_nan = np.array([-2.0, np.nan, -1.0, -2.0])
+    assert np.array_equal(_rate_ranks(with_nan), reference(with_nan))
+
+
+def test_stranded_by_loss_with_a_limit_is_the_head_of_the_full_order() -> None:
+    """``limit`` gives the first ``limit`` rows of the full order (and any tied with the
+    last), so the policy, which reads at most a batch cap of them, sees the same rows in the
+    same order; equal losses still go to the earlier queued."""
+    from timelyllm_ros.core.priority import stranded_by_loss
+
+    rng = np.random.default_rng(5)
+    n = 400
+    utility = np.round(rng.uniform(-3.0, 1.0, n), 1)     # rounded: many equal losses
+    first = (rng.uniform(size=n) < 0.7).astype(float)
+    seq = rng.permutation(n).astype(float)
+    full = stranded_by_loss(utility, first, seq)
+    for limit in (1, 7, 64, len(full) - 1, len(full), len(full) + 5):
+        head = stranded_by_loss(utility, first, seq, limit=limit)
+        assert len(head) >= min(limit, len(full))
+        assert head.tolist() == full[:len(head)].tolist()
+
+
+def test_interleave_matches_sorting_the_others_apart() -> None:
+    """The others placed before the last promoted row are found among the best rows of the
+    whole queue; the priorities are those of sorting the others apart (the order defined in
+    :func:`interleave`'s docstring), ties and NaN included."""
+    from timelyllm_ros.core.priority import interleave
+    from timelyllm_ros.core.queue import best_rows
+
+    def reference(priority: np.ndarray, seq: np.ndarray, promoted: np.ndarray,
+                  share: float) -> np.ndarray:
+        m = len(promoted)
+        other = np.ones(len(priority), dtype=bool)
+        other[promoted] = False
+        rest = np.flatnonzero(other)
+        ahead = int(np.searchsorted(np.arange(1, len(rest) + 1) / (1.0 - share), m / share))
+        rest = rest[best_rows(priority[rest], seq[rest], ahead)[:ahead]] if ahead else rest[:0]
+        head = np.concatenate([promoted, rest])
+        place = np.concatenate([np.arange(1, m + 1) / share,
+                                np.arange(1, len(rest) + 1) / (1.0 - share)])
+        order = head[np.lexsort((np.arange(len(head)) >= m, place))]
+        ranked = priority.copy()
+        ranked[order] = float(priority.max()) + 1.0 + np.arange(len(order), 0, -1, dtype=float)
+        return ranked
+
+    rng = np.random.default_rng(11)
+    for n, m, share in ((10, 3, 0.5), (300, 40, 0.5), (300, 40, 0.25), (300, 250, 0.75),
+                        (50, 49, 0.5), (2000, 256, 0.5)):
+        priority = np.round(rng.normal(size=n), 1)
+        priority[rng.choice(n, size=n // 10, replace=False)] = np.nan
+        seq = rng.permutation(n).astype(float)
+        promoted = rng.choice(n, size=m, replace=False)
+        assert np.array_equal(interleave(priority, seq, promoted, share),
+                              reference(priority, seq, promoted, share), equal_nan=True)

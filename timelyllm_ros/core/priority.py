@@ -108,11 +108,16 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
     return priority
 
 
-def stranded_by_loss(utility: Column, first: Column, seq: Column) -> NDArray[np.intp]:
+def stranded_by_loss(utility: Column, first: Column, seq: Column,
+                     limit: int | None = None) -> NDArray[np.intp]:
     """The rows of the stranded goals (a first segment with no utility left: ``utility`` of
     :func:`utility_if_started`), the one that has lost most first (equal losses: the earlier
-    queued first)."""
+    queued first). With ``limit``, the first ``limit`` of that order only (and any tied with
+    the last): a partial sort, O(n + limit·log limit), not a sort of every stranded goal."""
     rows = np.flatnonzero((first > 0.0) & (utility <= 0.0))
+    if limit is not None and limit < len(rows):
+        best: NDArray[np.intp] = rows[best_rows(-utility[rows], seq[rows], limit)]
+        return best
     ranked: NDArray[np.intp] = rows[np.lexsort((seq[rows], utility[rows]))]
     return ranked
 
@@ -130,9 +135,14 @@ def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
         return priority
     other = np.ones(len(priority), dtype=bool)
     other[promoted] = False
-    rest = np.flatnonzero(other)
-    ahead = int(np.searchsorted(np.arange(1, len(rest) + 1) / (1.0 - share), m / share))
-    rest = rest[best_rows(priority[rest], seq[rest], ahead)[:ahead]] if ahead else rest[:0]
+    ahead = _others_ahead(m, len(priority) - m, share)
+    if ahead:
+        # the best `ahead` others are among the best `ahead + m` rows of all: no copy of the
+        # others' columns to sort them apart
+        best = best_rows(priority, seq, ahead + m)
+        rest = best[other[best]][:ahead]
+    else:
+        rest = promoted[:0]
     head = np.concatenate([promoted, rest])
     place = np.concatenate([np.arange(1, m + 1) / share,
                             np.arange(1, len(rest) + 1) / (1.0 - share)])
@@ -142,17 +152,49 @@ def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
     return ranked
 
 
+def _others_ahead(promoted: int, others: int, share: float) -> int:
+    """How many of ``others`` take a place before the last of ``promoted`` rows: the j-th
+    other (from 1) sits at j/(1 − share), the last promoted one at promoted/share (places
+    computed as :func:`interleave` computes them, over the first few others only: past
+    promoted·(1 − share)/share + 2 they all sit behind)."""
+    last = promoted / share
+    within = min(others, int(promoted * (1.0 - share) / share) + 2)
+    return int(np.searchsorted(np.arange(1, within + 1) / (1.0 - share), last))
+
+
 def _places(alpha_per_g: Column, utility: Column) -> Column:
     """Each lost segment's place in the ``'loss-rate'`` order as a number: the steepest
     ``−α/G`` first, then least loss first. The rate's rank among the distinct rates (from 1)
     plus ``−U/(1 − U)``, which maps the loss so far into [0, 1) in order: equal keys give
-    equal places, and finding them costs a sort of the distinct rates' column, not a sort by
-    two keys. A flat TUF (α = 0) never loses utility, so it cannot be here."""
-    rates = np.unique(alpha_per_g)                  # ascending: the steepest loss first
-    rank = np.searchsorted(rates, alpha_per_g).astype(float) + 1.0
+    equal places, and finding them costs a pass per distinct rate (:func:`_rate_ranks`), not
+    a sort by two keys. A flat TUF (α = 0) never loses utility, so it cannot be here."""
     loss = -utility
-    places: Column = rank + np.minimum(loss / (1.0 + loss), _BELOW_ONE)
+    places: Column = _rate_ranks(alpha_per_g) + np.minimum(loss / (1.0 + loss), _BELOW_ONE)
     return places
+
+
+_FEW_RATES = 8
+"""Distinct loss rates up to which :func:`_rate_ranks` ranks by one pass a rate; past it, a
+sort (a fleet's rates are its TUF classes times its robot kinds: a handful)."""
+
+
+def _rate_ranks(rates: Column) -> Column:
+    """Each rate's rank among the distinct ``rates``, ascending, from 1 (as a float): a rank
+    is one plus the count of distinct rates below it. A pass per distinct rate where there
+    are at most :data:`_FEW_RATES`, else a sort of the column."""
+    rank = np.ones(len(rates))
+    if not len(rates):
+        return rank
+    below = float(rates.min())
+    for _ in range(_FEW_RATES if below == below else 0):     # a NaN rate: the sort ranks it
+        above = rates > below
+        if not above.any():
+            return rank
+        rank += above
+        below = float(rates[above].min())
+    distinct = np.unique(rates)
+    ranks: Column = np.searchsorted(distinct, rates).astype(float) + 1.0
+    return ranks
 
 
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))     # a loss too large to tell from 1 stays in rank

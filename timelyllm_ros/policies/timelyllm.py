@@ -130,7 +130,9 @@ class TimelyLlmPolicy(Policy):
                                 'eq4' if stranded == 'share' else stranded, utility)
         if stranded != 'share' or priority.min(initial=1.0) > 0.0:
             return priority
-        promoted = self._within_room(queue, stranded_by_loss(utility, queue.first, queue.seq))
+        # _within_room reads at most the first batch cap's worth (and whether there are more)
+        by_loss = stranded_by_loss(utility, queue.first, queue.seq, limit=self._batch_cap + 1)
+        promoted = self._within_room(queue, by_loss)
         if not len(promoted):
             return priority
         return interleave(priority, queue.seq, promoted, self.stranded_share)
