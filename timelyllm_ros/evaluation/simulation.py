@@ -8,9 +8,11 @@ Each task is executed by its own simulated robot, as in the paper's evaluation.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -98,43 +100,44 @@ def simulate(
                                      execution.start_time, execution.end_time,
                                      execution.success, execution.error))
 
-    while next_arrival < len(arrivals) or reports or scheduler.has_work:
-        now = clock.now()
-        while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_time <= now:
-            spec = arrivals[next_arrival]
-            next_arrival += 1
-            try:
-                scheduler.submit(spec)
-            except GoalError as err:
-                rejected.append((spec, str(err)))
-                continue
-            robots[spec.task_id] = SimulatedRobot(
-                scheduler.profile(spec.profile), np.random.default_rng(rng.integers(2**63)),
-                measured=spec.skill_times, jitter=robot_jitter,
-                fail_probability=robot_fail_probability)
-        while reports and reports[0][0] <= now:
-            _, _, task_id, index, start, end, success, error = heapq.heappop(reports)
-            scheduler.report_segment(task_id, index, start, end, success, error)
-        out = scheduler.tick() if scheduler.has_work else TickResult(
-            events=scheduler.drain_events())
-        if out.batch_size:
-            batch_sizes.append(out.batch_size)
-            iterations.append(Iteration(out.duration_s, out.batch_size, out.prefill_tokens,
-                                        out.cached_tokens))
-        send(out)
-        if out.duration_s == 0.0:
-            upcoming = []
-            if next_arrival < len(arrivals):
-                upcoming.append(arrivals[next_arrival].arrival_time)
-            if reports:
-                upcoming.append(reports[0][0])
-            if not upcoming:
-                if scheduler.has_work and not out.dispatches and not out.ended:
-                    raise RuntimeError('simulation stalled: work queued but nothing can run')
-                continue
-            clock.advance_to(max(now, min(upcoming)))
-        if progress is not None:
-            progress(clock.now())
+    with _cyclic_gc_paused():
+        while next_arrival < len(arrivals) or reports or scheduler.has_work:
+            now = clock.now()
+            while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_time <= now:
+                spec = arrivals[next_arrival]
+                next_arrival += 1
+                try:
+                    scheduler.submit(spec)
+                except GoalError as err:
+                    rejected.append((spec, str(err)))
+                    continue
+                robots[spec.task_id] = SimulatedRobot(
+                    scheduler.profile(spec.profile), np.random.default_rng(rng.integers(2**63)),
+                    measured=spec.skill_times, jitter=robot_jitter,
+                    fail_probability=robot_fail_probability)
+            while reports and reports[0][0] <= now:
+                _, _, task_id, index, start, end, success, error = heapq.heappop(reports)
+                scheduler.report_segment(task_id, index, start, end, success, error)
+            out = scheduler.tick() if scheduler.has_work else TickResult(
+                events=scheduler.drain_events())
+            if out.batch_size:
+                batch_sizes.append(out.batch_size)
+                iterations.append(Iteration(out.duration_s, out.batch_size, out.prefill_tokens,
+                                            out.cached_tokens))
+            send(out)
+            if out.duration_s == 0.0:
+                upcoming = []
+                if next_arrival < len(arrivals):
+                    upcoming.append(arrivals[next_arrival].arrival_time)
+                if reports:
+                    upcoming.append(reports[0][0])
+                if not upcoming:
+                    if scheduler.has_work and not out.dispatches and not out.ended:
+                        raise RuntimeError('simulation stalled: work queued but nothing can run')
+                    continue
+                clock.advance_to(max(now, min(upcoming)))
+            if progress is not None:
+                progress(clock.now())
     generations = [g for g in scheduler.generations.values()]
     generations.sort(key=lambda g: g.seq)
     busy = scheduler.engine.stats().busy_s
@@ -143,3 +146,23 @@ def simulate(
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,
         decision_s=scheduler.decision_s, decision_cpu_s=scheduler.decision_cpu_s,
         batch_sizes=batch_sizes, iterations=iterations)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """The fleet's loop without the cyclic garbage collector (its state restored after).
+
+    A simulated fleet leaves no cyclic garbage (every collection during the bundled workloads
+    and a 5,000-robot overload found none; ``test_simulation`` checks it), while each full
+    collection scans every live object: at 5,000 robots 65 ms in one run and up to 258 ms
+    with earlier runs' results alive, landing inside scheduling decisions and engine
+    iterations alike. Memory is still freed by reference counting; whatever cyclic garbage a
+    plug-in policy or engine leaves is collected once the run ends.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
