@@ -205,3 +205,35 @@ def test_state_reports_how_much_the_engine_waits_for_the_loop(service):
     load.record(0.021, 0.020)
     assert load.iterations == 2 and load.engine_share == pytest.approx(0.045 / 0.051)
     assert load.max_overhead_s == pytest.approx(0.005)
+
+
+def test_a_serving_planner_keeps_its_start_up_heap_out_of_the_collectors_scans() -> None:
+    """While a planner serves, what was alive when it started (the engine, the libraries) is
+    frozen out of the garbage collector's scans; once the last serving planner stops, it is
+    tracked again (a closed engine's reference cycles can then be collected). A second
+    planner keeps it frozen until it stops too; a planner started again freezes again."""
+    import gc
+
+    from timelyllm_ros.live import startup_heap
+
+    if startup_heap.serving():
+        pytest.skip('another planner of this process is still serving')
+    first, second = PlannerService.create(), PlannerService.create()
+    alive = len(gc.get_objects())
+    try:
+        first.start()
+        assert startup_heap.serving() == 1
+        assert gc.get_freeze_count() >= alive // 2      # the heap alive at start is frozen
+        second.start()
+        first.stop()
+        assert startup_heap.serving() == 1 and gc.get_freeze_count() > 0
+        second.stop()
+        assert startup_heap.serving() == 0 and gc.get_freeze_count() == 0
+        first.start()                                    # a stopped service may start anew
+        assert startup_heap.serving() == 1 and gc.get_freeze_count() > 0
+        first.stop()
+        first.stop()                                     # a second stop releases nothing more
+        assert startup_heap.serving() == 0 and gc.get_freeze_count() == 0
+    finally:
+        first.stop()
+        second.stop()

@@ -41,6 +41,7 @@ from timelyllm_ros.errors import (
     describe_error,
 )
 from timelyllm_ros.language.profiles import RobotProfile, load_profile
+from timelyllm_ros.live import startup_heap
 from timelyllm_ros.live.goals import PlanGoal, validate_goal
 from timelyllm_ros.policies import FLEET_POLICY, create_policy
 from timelyllm_ros.robots.kind import kind_of
@@ -131,6 +132,7 @@ class PlannerService:
         self._preparing = threading.Lock()   # goals' threads prepare in turn (all at once
                                              # measured worse: README, goal_intake.py)
         self._thread: threading.Thread | None = None
+        self._holds_heap = False       # holds the start-up heap frozen (startup_heap)
         self._state = ServiceState()   # the last snapshot taken
         self._last_batch_size = 0
         self._status: ServiceStatus = 'idle'
@@ -270,9 +272,14 @@ class PlannerService:
 
     # -- the loop thread ---------------------------------------------------------------------
     def start(self) -> None:
+        """Start the loop thread (the engine and everything alive now are kept out of the
+        garbage collector's scans while it serves: :mod:`~timelyllm_ros.live.startup_heap`)."""
         if self._thread is None and self._status != 'failed':
             self._status = 'serving'
             self._stop.clear()
+            if not self._holds_heap:
+                startup_heap.hold()
+                self._holds_heap = True
             self._thread = threading.Thread(target=self._run, name='planner-loop', daemon=True)
             self._thread.start()
 
@@ -367,6 +374,9 @@ class PlannerService:
             if status == 'failed':
                 self.loop_error = reason
                 logger.error('%s; failing every goal', reason)
+            if self._holds_heap:
+                startup_heap.release()
+                self._holds_heap = False
             self.scheduler.fail_all(reason)
             self._publish(self.scheduler.drain_events())
             while True:
