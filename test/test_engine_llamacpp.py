@@ -546,3 +546,19 @@ def test_one_goal_alone_on_a_small_kv_budget_finishes_its_plan() -> None:
     failed = {k: g.error for k, g in ended.items()  # type: ignore[attr-defined]
               if g.status.name != 'FINISHED'}  # type: ignore[attr-defined]
     assert failed == {}
+
+
+def test_a_simulated_fleet_on_a_real_engine_keeps_the_garbage_collector() -> None:
+    """The fleet simulation pauses the cyclic collector on the calibrated simulator only: a
+    real engine's libraries leave reference cycles, which a run must not pile up."""
+    import gc
+
+    from timelyllm_ros.evaluation.simulation import simulate
+    from timelyllm_ros.evaluation.workloads import resolve_workload
+
+    during: list[bool] = []
+    with _engine() as engine:
+        result = simulate(resolve_workload('wid1', 0)[1][:1], 'timelyllm-share', seed=0,
+                          engine=engine, progress=lambda _: during.append(gc.isenabled()))
+    assert len(result.generations) == 1
+    assert during and all(during)

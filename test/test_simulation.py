@@ -498,12 +498,14 @@ def test_a_simulated_fleet_leaves_no_cyclic_garbage(policy: str) -> None:
         if phase == 'stop':
             found.append(info['collected'])
 
+    during: list[bool] = []
     gc.collect()
     gc.callbacks.append(count)
     try:
         for enabled in (True, False):
             (gc.enable if enabled else gc.disable)()
-            result = simulate(tasks, policy, seed=0, robot_fail_probability=0.05)
+            result = simulate(tasks, policy, seed=0, robot_fail_probability=0.05,
+                              progress=lambda _: during.append(gc.isenabled()))
             assert gc.isenabled() is enabled
             assert result.generations
             gc.collect()
@@ -511,3 +513,4 @@ def test_a_simulated_fleet_leaves_no_cyclic_garbage(policy: str) -> None:
         gc.callbacks.remove(count)
         gc.enable()
     assert found and sum(found) == 0
+    assert during and not any(during)          # paused through the loop
