@@ -115,10 +115,8 @@ def stranded_by_loss(utility: Column, first: Column, seq: Column,
     queued first). With ``limit``, the first ``limit`` of that order only (and any tied with
     the last): a partial sort, O(n + limit·log limit), not a sort of every stranded goal."""
     rows = np.flatnonzero((first > 0.0) & (utility <= 0.0))
-    if limit is not None and limit < len(rows):
-        best: NDArray[np.intp] = rows[best_rows(-utility[rows], seq[rows], limit)]
-        return best
-    ranked: NDArray[np.intp] = rows[np.lexsort((seq[rows], utility[rows]))]
+    ranked: NDArray[np.intp] = rows[best_rows(-utility[rows], seq[rows],
+                                              len(rows) if limit is None else limit)]
     return ranked
 
 
