@@ -456,6 +456,30 @@ def test_stranded_goals_are_the_lost_first_segments_most_loss_first() -> None:
     assert same.tolist() == [1, 0]
 
 
+def test_stranded_goals_by_loss_rate_go_steepest_first_then_most_lost() -> None:
+    """With each row's α/G, the stranded goals go by the steepest loss rate first, and among
+    equal rates the one that has lost most first. Worked example (utility if started now):
+    normal goals that lost 1.2 and 0.1 (rate 2/G), urgent goals that lost 0.2 and 0.5 (rate
+    (20/3)/G), a lost resume (not stranded) and an earning goal: urgent 0.5, urgent 0.2,
+    normal 1.2, normal 0.1, where the loss alone gives normal 1.2, urgent 0.5, urgent 0.2,
+    normal 0.1. A loss too large to tell from the next keeps its rate's rank."""
+    from timelyllm_ros.core.priority import stranded_by_loss
+
+    utility = _arr(-1.2, -0.2, -0.1, -0.5, -3.0, 0.4)
+    alpha = _arr(NORMAL.alpha, URGENT.alpha, NORMAL.alpha, URGENT.alpha, NORMAL.alpha,
+                 NORMAL.alpha)
+    first = _arr(1.0, 1.0, 1.0, 1.0, 0.0, 1.0)
+    seq = _arr(0, 1, 2, 3, 4, 5)
+    rates = alpha / G
+    assert stranded_by_loss(utility, first, seq, alpha_per_g=rates).tolist() == [3, 1, 0, 2]
+    assert stranded_by_loss(utility, first, seq).tolist() == [0, 3, 1, 2]
+    assert stranded_by_loss(utility, first, seq, limit=2,
+                            alpha_per_g=rates).tolist() == [3, 1]
+    huge = stranded_by_loss(_arr(-1e300, -1e-3), _arr(1.0, 1.0), _arr(0, 1),
+                            alpha_per_g=_arr(NORMAL.alpha, URGENT.alpha) / G)
+    assert huge.tolist() == [1, 0]
+
+
 def test_rate_ranks_are_the_ranks_among_the_distinct_rates() -> None:
     """A rank is one plus the count of distinct rates below it, whether found by a pass a
     rate (a few distinct rates, as a fleet's TUF classes give) or by the sort (many, or a
@@ -477,8 +501,8 @@ def test_rate_ranks_are_the_ranks_among_the_distinct_rates() -> None:
 
 def test_stranded_by_loss_with_a_limit_is_the_head_of_the_full_order() -> None:
     """``limit`` gives the first ``limit`` rows of the full order (and any tied with the
-    last), so the policy, which reads at most a batch cap of them, sees the same rows in the
-    same order; equal losses still go to the earlier queued."""
+    last), by loss or by rate then loss, so the policy, which reads at most a batch cap of
+    them, sees the same rows in the same order; equal keys still go to the earlier queued."""
     from timelyllm_ros.core.priority import stranded_by_loss
 
     rng = np.random.default_rng(5)
@@ -486,11 +510,17 @@ def test_stranded_by_loss_with_a_limit_is_the_head_of_the_full_order() -> None:
     utility = np.round(rng.uniform(-3.0, 1.0, n), 1)     # rounded: many equal losses
     first = (rng.uniform(size=n) < 0.7).astype(float)
     seq = rng.permutation(n).astype(float)
-    full = stranded_by_loss(utility, first, seq)
-    for limit in (1, 7, 64, len(full) - 1, len(full), len(full) + 5):
-        head = stranded_by_loss(utility, first, seq, limit=limit)
-        assert len(head) >= min(limit, len(full))
-        assert head.tolist() == full[:len(head)].tolist()
+    rates = rng.choice([-2.0, -20.0 / 3.0], size=n) / 0.09
+    for alpha_per_g in (None, rates):
+        full = stranded_by_loss(utility, first, seq, alpha_per_g=alpha_per_g)
+        for limit in (1, 7, 64, len(full) - 1, len(full), len(full) + 5):
+            head = stranded_by_loss(utility, first, seq, limit=limit, alpha_per_g=alpha_per_g)
+            assert len(head) >= min(limit, len(full))
+            assert head.tolist() == full[:len(head)].tolist()
+    # by rate: the full order is the sort by (steepest rate, most lost, earlier queued)
+    stranded = np.flatnonzero((first > 0.0) & (utility <= 0.0))
+    expected = stranded[np.lexsort((seq[stranded], utility[stranded], rates[stranded]))]
+    assert full.tolist() == expected.tolist()
 
 
 def test_interleave_follows_its_rule_on_large_queues() -> None:

@@ -113,6 +113,36 @@ def test_stranded_goals_that_the_free_slots_hold_all_go_ahead() -> None:
     assert _ranked(scheduler)[:6] == ['late0', 'fresh0', 'late1', 'fresh1', 'late2', 'fresh2']
 
 
+def test_stranded_urgent_goals_take_the_share_before_normal_ones_that_lost_more() -> None:
+    """Two normal goals stranded for 20 s (each lost 2·(20.09 − 1) − 1 ≈ 37) and two urgent
+    ones stranded for 1 s (each ≈ 3.9), with a fresh goal; the batch's 4 slots hold the 4
+    stranded ones, so all are promoted, alternating with the fresh one. By loss rate (the
+    default) the urgent ones, which lose 20/3 per second of waiting against the normal ones'
+    2, take the first places; ``stranded_order='most-lost'`` puts the ones that have lost
+    most first, the normal ones."""
+    def queue(policy: TimelyLlmPolicy) -> Scheduler:
+        clock = SimClock()
+        engine = SimulatedEngine(tiny_calibration(max_num_seqs=8), prefix_caching=False)
+        scheduler = Scheduler(policy, engine, clock, SchedulerConfig(max_batch=4,
+                                                                     report_deadlines=False))
+        for i in range(2):
+            scheduler.submit(make_spec(f'normal{i}', arrival=0.01 * i, prompt_tokens=100))
+        clock.advance_to(19.0)
+        for i in range(2):
+            scheduler.submit(make_spec(f'urgent{i}', task_class='urgent', arrival=19.0,
+                                       prompt_tokens=100))
+        clock.advance_to(20.0)
+        scheduler.submit(make_spec('fresh', arrival=20.0, prompt_tokens=100))
+        return scheduler
+
+    assert _ranked(queue(TimelyLlmSharePolicy())) == [
+        'urgent0', 'fresh', 'urgent1', 'normal0', 'normal1']
+    assert _ranked(queue(TimelyLlmSharePolicy(stranded_order='most-lost'))) == [
+        'normal0', 'fresh', 'normal1', 'urgent0', 'urgent1']
+    with pytest.raises(PolicyError, match='stranded_order'):
+        TimelyLlmSharePolicy(stranded_order='oldest')  # type: ignore[arg-type]
+
+
 class _SilentEngine(SimulatedEngine):
     """A simulator that, like the vLLM engines, does not tell its KV room."""
 
@@ -131,8 +161,8 @@ def test_an_engine_that_does_not_tell_its_room_gets_eq4s_order() -> None:
 def test_the_share_policy_is_registered_with_checked_parameters() -> None:
     policy = create_policy('timelyllm-share')
     assert isinstance(policy, TimelyLlmSharePolicy)
-    assert (policy.stranded, policy.stranded_share, policy.stranded_plan_tokens) == (
-        'share', 0.5, 256)
+    assert (policy.stranded, policy.stranded_share, policy.stranded_plan_tokens,
+            policy.stranded_order) == ('share', 0.5, 256, 'loss-rate')
     assert create_policy('timelyllm').stranded == 'eq4'  # type: ignore[attr-defined]
     with pytest.raises(PolicyError, match='stranded_share'):
         TimelyLlmSharePolicy(stranded_share=1.0)

@@ -39,9 +39,10 @@ TUF₁).
     ones and may be lost too (``test_overload``'s fresh urgent goals behind 30 stranded
     ones), and at 5,000 robots on one engine or in replica pools it generates plans 10–33 %
     slower (more plans in flight, more KV re-prefilled); the README has the measurements;
-  - ``'share'``: here as ``'eq4'``; the policy then gives the stranded goals that lost most,
-    :func:`stranded_by_loss`, a share of the places of that order (:func:`interleave`), as
-    many as the engine has room for without harming a plan under way
+  - ``'share'``: here as ``'eq4'``; the policy then gives the stranded goals,
+    :func:`stranded_by_loss` (by default the steepest loss rate first, then the one that has
+    lost most), a share of the places of that order (:func:`interleave`), as many as the
+    engine has room for without harming a plan under way
     (:class:`~timelyllm_ros.policies.timelyllm.TimelyLlmSharePolicy`).
 """
 
@@ -58,6 +59,8 @@ LostOrder = Literal['loss-rate', 'least-loss']
 LOST_ORDERS: tuple[LostOrder, ...] = ('loss-rate', 'least-loss')
 StrandedRule = Literal['first', 'eq4', 'share']
 STRANDED_RULES: tuple[StrandedRule, ...] = ('first', 'eq4', 'share')
+StrandedOrder = Literal['loss-rate', 'most-lost']
+STRANDED_ORDERS: tuple[StrandedOrder, ...] = ('loss-rate', 'most-lost')
 
 STRANDED = 1e200
 """The priority scale of stranded goals (``stranded='first'``): above any Eq. 4 value, whose
@@ -109,13 +112,22 @@ def pud_priority(now: float, ref: Column, ert: Column, beta: Column,
 
 
 def stranded_by_loss(utility: Column, first: Column, seq: Column,
-                     limit: int | None = None) -> NDArray[np.intp]:
+                     limit: int | None = None,
+                     alpha_per_g: Column | None = None) -> NDArray[np.intp]:
     """The rows of the stranded goals (a first segment with no utility left: ``utility`` of
     :func:`utility_if_started`), the one that has lost most first (equal losses: the earlier
-    queued first). With ``limit``, the first ``limit`` of that order only (and any tied with
-    the last): a partial sort, O(n + limit·log limit), not a sort of every stranded goal."""
+    queued first). With ``alpha_per_g`` (each row's α/G), the steepest loss rate −α/G first
+    and the one that has lost most first among equal rates: the lost order's Smith's rule
+    (module docstring), each second a goal of rate r waits costs r·G. With ``limit``, the
+    first ``limit`` of that order only (and any tied with the last): a partial sort,
+    O(n + limit·log limit), not a sort of every stranded goal."""
     rows = np.flatnonzero((first > 0.0) & (utility <= 0.0))
-    ranked: NDArray[np.intp] = rows[best_rows(-utility[rows], seq[rows],
+    loss = -utility[rows]
+    if alpha_per_g is None:
+        key = loss
+    else:   # the rate's rank decides (a rank apart outweighs any loss), then the loss
+        key = _within_rank(loss) - _rate_ranks(alpha_per_g[rows])
+    ranked: NDArray[np.intp] = rows[best_rows(key, seq[rows],
                                               len(rows) if limit is None else limit)]
     return ranked
 
@@ -166,9 +178,15 @@ def _places(alpha_per_g: Column, utility: Column) -> Column:
     plus ``−U/(1 − U)``, which maps the loss so far into [0, 1) in order: equal keys give
     equal places, and finding them costs a pass per distinct rate (:func:`_rate_ranks`), not
     a sort by two keys. A flat TUF (α = 0) never loses utility, so it cannot be here."""
-    loss = -utility
-    places: Column = _rate_ranks(alpha_per_g) + np.minimum(loss / (1.0 + loss), _BELOW_ONE)
+    places: Column = _rate_ranks(alpha_per_g) + _within_rank(-utility)
     return places
+
+
+def _within_rank(loss: Column) -> Column:
+    """``D/(1 + D)`` of each loss so far D ≥ 0: the losses' order mapped into [0, 1), so that
+    added to a rank (an integer) it orders within the rank and never across ranks."""
+    within: Column = np.minimum(loss / (1.0 + loss), _BELOW_ONE)
+    return within
 
 
 _FEW_RATES = 8

@@ -15,8 +15,10 @@ from timelyllm_ros.core.admission import (
 )
 from timelyllm_ros.core.priority import (
     LOST_ORDERS,
+    STRANDED_ORDERS,
     STRANDED_RULES,
     LostOrder,
+    StrandedOrder,
     StrandedRule,
     artifact_priority,
     interleave,
@@ -70,6 +72,11 @@ class TimelyLlmPolicy(Policy):
             whose robot does not need it yet, less urgent than the batch's most urgent
             generation, does not take one of them while no queued goal has lost its utility;
             None (default): no reserve, as the paper.
+        stranded_order: which stranded goals take their share first (``'share'``):
+            ``'loss-rate'`` (default: the steepest loss per second of generation −α/G first,
+            then the one that has lost most, the lost order's rule) or ``'most-lost'`` (the
+            one that has lost most first, whatever its class: the rule until issue 28's
+            nineteenth session; measured in the README).
     """
 
     name = 'timelyllm'
@@ -78,9 +85,11 @@ class TimelyLlmPolicy(Policy):
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'eq4',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = None, waiting_weight: float = 0.0,
-                 seen_bound: float | None = None, resume_reserve: float | None = None) -> None:
+                 seen_bound: float | None = None, resume_reserve: float | None = None,
+                 stranded_order: StrandedOrder = 'loss-rate') -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
-                                       ('stranded', stranded, STRANDED_RULES)):
+                                       ('stranded', stranded, STRANDED_RULES),
+                                       ('stranded_order', stranded_order, STRANDED_ORDERS)):
             if value not in choices:
                 raise PolicyError(f'unknown {option} {value!r}; '
                                   f'choose one of {", ".join(choices)}')
@@ -105,6 +114,7 @@ class TimelyLlmPolicy(Policy):
         self.waiting_weight = waiting_weight
         self.seen_bound = seen_bound
         self.resume_reserve = resume_reserve
+        self.stranded_order: StrandedOrder = stranded_order
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -131,7 +141,9 @@ class TimelyLlmPolicy(Policy):
         if stranded != 'share' or priority.min(initial=1.0) > 0.0:
             return priority
         # _within_room reads at most the first batch cap's worth (and whether there are more)
-        by_loss = stranded_by_loss(utility, queue.first, queue.seq, limit=self._batch_cap + 1)
+        by_loss = stranded_by_loss(
+            utility, queue.first, queue.seq, limit=self._batch_cap + 1,
+            alpha_per_g=queue.alpha / queue.g if self.stranded_order == 'loss-rate' else None)
         promoted = self._within_room(queue, by_loss)
         if not len(promoted):
             return priority
@@ -181,8 +193,9 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
-    on the authors' arm workload in the paper's setup). Here such goals, the one that has
-    lost most first, take every other place of Eq. 4's order, as many as join without
+    on the authors' arm workload in the paper's setup). Here such goals, the steepest loss
+    rate first and then the one that has lost most, take every other place of Eq. 4's
+    order, as many as join without
     harming a plan under way. A decision's joins stall the batch for at most the most urgent
     running generation's remaining segment time (the less urgent ones' where the seen bound
     judges it), and once the most urgent one is late a waiting candidate's wait counts at
@@ -204,9 +217,11 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = 1.0, waiting_weight: float = 1.0,
-                 seen_bound: float | None = 0.25, resume_reserve: float | None = 0.5) -> None:
+                 seen_bound: float | None = 0.25, resume_reserve: float | None = 0.5,
+                 stranded_order: StrandedOrder = 'loss-rate') -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
-                         round_stall, waiting_weight, seen_bound, resume_reserve)
+                         round_stall, waiting_weight, seen_bound, resume_reserve,
+                         stranded_order)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
