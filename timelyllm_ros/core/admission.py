@@ -71,6 +71,18 @@ resume reserve r (:func:`keeps_resume_reserve`), an early
 resume (budget > 0) less urgent than the batch's most urgent generation does not take one of
 the last r of the batch's slots while no queued goal has lost its utility (then a free slot
 is worth more to it than to a goal that may come).
+
+The urgency tie lets a candidate whose budget is within one segment generation time of the
+batch's most urgent generation join at once: goals of one event arrive milliseconds apart,
+and serialising them would make each wait a segment for nothing. That holds while a join is
+cheap. Without a prefix cache each join prefills a whole prompt, and a burst of urgent goals
+that joins together prefills together: on WID2 (seed 0) four urgent goals of one burst cut
+their four-token first segments 0.73 s after they arrived, past the 0.5 s at which their
+utility is gone, where joining one after the other would have kept the first ones'. With a
+tie run cost c (``latency_guided(..., tie_run_cost=c)``) a tied candidate (as urgent as the
+batch's most urgent generation, or less by less than the tie: not strictly more urgent) joins
+at once only while its run cost is at most c tie windows (the wait it would save); a dearer
+one takes the test of a less urgent candidate.
 """
 
 from __future__ import annotations
@@ -739,20 +751,27 @@ def _as_urgent(candidate: Generation, candidate_budget: float, ctx: AdmissionCon
     """Whether the candidate (its budget given) is at least as urgent as the batch's most
     urgent generation: budgets closer than ``ctx.urgency_tie_s`` count as equal
     (:func:`latency_guided`)."""
-    tie = ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
-    return candidate_budget <= batch.most_urgent_budget + tie
+    return candidate_budget <= batch.most_urgent_budget + _urgency_tie(candidate, ctx)
+
+
+def _urgency_tie(candidate: Generation, ctx: AdmissionContext) -> float:
+    return ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
                    round_stall: float | None = None, waiting_weight: float = 0.0,
-                   seen_bound: float | None = None) -> bool:
+                   seen_bound: float | None = None, tie_run_cost: float | None = None) -> bool:
     """§4.4: admit only if the most urgent running generation keeps its budget.
 
     If the candidate is at least as urgent as every running generation, waiting cannot help
     it, so it is admitted (subject to :func:`fits`). Budgets that differ by less than
     ``urgency_tie_s`` (one segment generation time G by default in the scheduler) count as
     equally urgent: requests of one event arrive milliseconds apart, and serialising them
-    would make each wait a whole segment for a difference of a few milliseconds.
+    would make each wait a whole segment for a difference of a few milliseconds. With
+    ``tie_run_cost`` c, a candidate not strictly more urgent than the batch's most urgent
+    generation (its peer of one event, or one within the tie) joins at once only while its
+    run cost is at most c times the tie: a dearer join stalls its peers longer than the wait
+    it saves (module docstring).
 
     On a pool of replicas the test weighs the candidate's replica only (its running
     generations, its batch cap and decode model): the others' iterations do not slow down.
@@ -784,6 +803,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
         waiting_weight: the waiting weight ρ ≥ 0 of the loss test (0: the paper's test).
         seen_bound: the share s of the batch cap within (0, 1] up to which the seen bound
             applies, or None for none (the paper's test).
+        tie_run_cost: the tie run cost c ≥ 0, or None: every tied candidate joins at once.
     """
     ctx = _candidate_replica(candidate, ctx)
     if not ctx.running:
@@ -791,12 +811,18 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     batch = _batch(ctx)
     budget = batch.most_urgent_budget           # the first of equals, as min() would
     candidate_budget = budget_s(candidate, ctx)
-    if _as_urgent(candidate, candidate_budget, ctx, batch):
+    as_urgent = _as_urgent(candidate, candidate_budget, ctx, batch)
+    if as_urgent and (tie_run_cost is None or candidate_budget < budget):
         if round_stall is not None:
             batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id),
                         less_urgent=False)
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
+    if (as_urgent and tie_run_cost is not None
+            and extra <= tie_run_cost * _urgency_tie(candidate, ctx)):
+        if round_stall is not None:
+            batch.price(candidate.task_id, extra, less_urgent=False)
+        return True
     size = len(ctx.running)
     decode_s = _decode_steps(ctx)
     remaining = batch.most_urgent_remaining     # the most urgent one's WCET: as wcet_s

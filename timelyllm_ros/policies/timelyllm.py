@@ -77,6 +77,12 @@ class TimelyLlmPolicy(Policy):
             then the one that has lost most, the lost order's rule) or ``'most-lost'`` (the
             one that has lost most first, whatever its class: the rule until issue 28's
             nineteenth session; measured in the README).
+        tie_run_cost: the latency test's tie run cost
+            (:func:`~timelyllm_ros.core.admission.latency_guided`): a candidate as urgent
+            as the batch's most urgent generation, or within the urgency tie of it (not
+            strictly more urgent), joins at once only while its run cost is at most this
+            many tie windows, else it takes the test of a less urgent one; None (default):
+            every such candidate joins at once.
     """
 
     name = 'timelyllm'
@@ -86,7 +92,8 @@ class TimelyLlmPolicy(Policy):
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = None, waiting_weight: float = 0.0,
                  seen_bound: float | None = None, resume_reserve: float | None = None,
-                 stranded_order: StrandedOrder = 'loss-rate') -> None:
+                 stranded_order: StrandedOrder = 'loss-rate',
+                 tie_run_cost: float | None = None) -> None:
         for option, value, choices in (('lost_order', lost_order, LOST_ORDERS),
                                        ('stranded', stranded, STRANDED_RULES),
                                        ('stranded_order', stranded_order, STRANDED_ORDERS)):
@@ -106,6 +113,10 @@ class TimelyLlmPolicy(Policy):
         if resume_reserve is not None and not 0.0 < resume_reserve < 1.0:   # NaN too
             raise PolicyError(f'resume_reserve must be within (0, 1) or None, got '
                               f'{resume_reserve}')
+        if tie_run_cost is not None and not (math.isfinite(tie_run_cost)
+                                             and tie_run_cost >= 0.0):
+            raise PolicyError(f'tie_run_cost must be finite and >= 0 or None, got '
+                              f'{tie_run_cost}')
         self.lost_order: LostOrder = lost_order
         self.stranded: StrandedRule = stranded
         self.stranded_share = stranded_share
@@ -115,6 +126,7 @@ class TimelyLlmPolicy(Policy):
         self.seen_bound = seen_bound
         self.resume_reserve = resume_reserve
         self.stranded_order: StrandedOrder = stranded_order
+        self.tie_run_cost = tie_run_cost
         self._engine: EngineView | None = None
         self._batch_cap = 0
         self._under_way: set[str] = set()       # plans with a segment cut, still generating
@@ -183,13 +195,14 @@ class TimelyLlmPolicy(Policy):
                 and not keeps_resume_reserve(candidate, ctx, self.resume_reserve)):
             return False
         return latency_guided(candidate, ctx, self.round_stall, self.waiting_weight,
-                              self.seen_bound)
+                              self.seen_bound, self.tie_run_cost)
 
 
 class TimelyLlmSharePolicy(TimelyLlmPolicy):
     """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``), a
     round stall budget (``round_stall=1``), a waiting weight (``waiting_weight=1``), a seen
-    bound (``seen_bound=0.25``) and a resume reserve (``resume_reserve=0.5``).
+    bound (``seen_bound=0.25``), a resume reserve (``resume_reserve=0.5``) and a tie run cost
+    (``tie_run_cost=1``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
@@ -203,25 +216,30 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     generation whose segment misses its deadline at l_max tokens even alone is judged at the
     longest segment seen for its robot kind while the batch holds at most a quarter of its
     cap, and a resume its robot does not need yet does not take the last half of the slots
-    while no queued goal is lost. Where no goal is stranded, no decision reaches that budget,
-    no running generation is late, none is lost at l_max alone and the batch is at most half
-    full it decides as ``timelyllm`` does.
+    while no queued goal is lost. A goal as urgent as the batch's most urgent one, or tied
+    with it, joins at once only while its run cost is at most the tie (one segment
+    generation time):
+    a burst of urgent goals whose whole prompts must be prefilled joins one after the other.
+    Where no goal is stranded, no decision reaches that budget, no running generation is
+    late, none is lost at l_max alone, the batch is at most half full and no tied join costs
+    more than the tie, it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
     description = ('timelyllm, with goals stranded before their first segment sharing '
                    "admission, a bound on a decision's prefill stall, waits weighed "
                    'once the batch is late, seen segment lengths where l_max is lost and '
-                   'slots kept from early resumes')
+                   'slots kept from early resumes, costly tied joins one by one')
 
     def __init__(self, lost_order: LostOrder = 'loss-rate', stranded: StrandedRule = 'share',
                  stranded_share: float = 0.5, stranded_plan_tokens: int = 256,
                  round_stall: float | None = 1.0, waiting_weight: float = 1.0,
                  seen_bound: float | None = 0.25, resume_reserve: float | None = 0.5,
-                 stranded_order: StrandedOrder = 'loss-rate') -> None:
+                 stranded_order: StrandedOrder = 'loss-rate',
+                 tie_run_cost: float | None = 1.0) -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
                          round_stall, waiting_weight, seen_bound, resume_reserve,
-                         stranded_order)
+                         stranded_order, tie_run_cost)
 
 
 class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
