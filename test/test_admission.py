@@ -174,15 +174,15 @@ def test_latency_guided_admits_at_least_as_urgent_candidate() -> None:
 
 
 def test_a_tied_candidate_whose_join_costs_more_than_the_tie_takes_the_test() -> None:
-    """``tie_run_cost`` c: a candidate as urgent as the most urgent running generation (the
-    same budget) or within the urgency tie of it (0.05 s here) joins at once only while its
-    run cost is at most c ties; a dearer one takes the less urgent test (WCET 0.1 + 8 × 0.04 =
-    0.42 s against the most urgent one's budget of 0.142 s: refused). A strictly more urgent
-    candidate, and a cheap tied one, join at once as before."""
+    """``tie_run_cost`` c: a candidate whose budget is within the urgency tie (0.05 s here) of
+    the most urgent running generation's, on either side, joins at once only while its run
+    cost is at most c ties; a dearer one takes the less urgent test (WCET 0.1 + 8 × 0.04 =
+    0.42 s against the most urgent one's budget of 0.142 s: refused). A candidate more urgent
+    by more than the tie, and a cheap tied one, join at once as before."""
     engine = _engine(gpu_kv_tokens=1 << 16)
     urgent = _add(engine, 'u', 10, task_class='urgent', segment_tokens=2, run=True)
     ctx = replace(_ctx(engine, [urgent], now=0.05), urgency_tie_s=lambda g: 0.05)
-    for arrival in (0.0, 0.01):                     # the same budget; within the tie
+    for arrival in (0.0, 0.01, -0.01):              # the same budget; within the tie
         peer = _add(engine, f'p{arrival}', 1000, task_class='urgent', arrival=arrival)
         assert engine.run_cost_s(peer.task_id) == pytest.approx(0.1)
         assert latency_guided(peer, ctx)                            # None: at once
@@ -190,7 +190,7 @@ def test_a_tied_candidate_whose_join_costs_more_than_the_tie_takes_the_test() ->
         assert latency_guided(peer, ctx, tie_run_cost=2.0)          # 0.1 <= 0.1
     cheap = _add(engine, 'u5', 10, task_class='urgent')             # 1 ms of prefill
     assert latency_guided(cheap, ctx, tie_run_cost=1.0)
-    older = _add(engine, 'u4', 1000, task_class='urgent', arrival=-0.01)    # strictly more
+    older = _add(engine, 'u4', 1000, task_class='urgent', arrival=-0.06)    # by 0.06 > 0.05
     assert latency_guided(older, ctx, tie_run_cost=0.0)
     later = _add(engine, 'u3', 1000, task_class='urgent', arrival=0.01)
     # the policies: the fleet's default weighs costly tied joins, the paper's test does not

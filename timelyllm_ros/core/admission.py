@@ -79,10 +79,13 @@ cheap. Without a prefix cache each join prefills a whole prompt, and a burst of 
 that joins together prefills together: on WID2 (seed 0) four urgent goals of one burst cut
 their four-token first segments 0.73 s after they arrived, past the 0.5 s at which their
 utility is gone, where joining one after the other would have kept the first ones'. With a
-tie run cost c (``latency_guided(..., tie_run_cost=c)``) a tied candidate (as urgent as the
-batch's most urgent generation, or less by less than the tie: not strictly more urgent) joins
-at once only while its run cost is at most c tie windows (the wait it would save); a dearer
-one takes the test of a less urgent candidate.
+tie run cost c (``latency_guided(..., tie_run_cost=c)``) a tied candidate (its budget within
+the tie of the batch's most urgent generation's, on either side) joins at once only while its
+run cost is at most c tie windows (the wait it would save); a dearer one takes the test of a
+less urgent candidate. Only a candidate more urgent by more than the tie joins at once
+whatever its cost. (Eq. 4 can rank the later of two goals of one burst first: past its ERT
+the earlier one has less utility left. With a one-sided tie the earlier one, admitted second,
+counted as more urgent than the first and joined at once.)
 """
 
 from __future__ import annotations
@@ -741,17 +744,16 @@ def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: 
     if not ctx.running or len(ctx.running) < ctx.max_batch - int(reserve * ctx.max_batch):
         return True
     budget = budget_s(candidate, ctx)
-    if budget <= 0.0 or _as_urgent(candidate, budget, ctx, _batch(ctx)):
+    if budget <= 0.0 or _as_urgent(budget, _batch(ctx), _urgency_tie(candidate, ctx)):
         return True
     return _queued_lost(ctx)[1] > 0
 
 
-def _as_urgent(candidate: Generation, candidate_budget: float, ctx: AdmissionContext,
-               batch: BatchColumns) -> bool:
-    """Whether the candidate (its budget given) is at least as urgent as the batch's most
-    urgent generation: budgets closer than ``ctx.urgency_tie_s`` count as equal
+def _as_urgent(candidate_budget: float, batch: BatchColumns, tie: float) -> bool:
+    """Whether a candidate of the given budget is at least as urgent as the batch's most
+    urgent generation: budgets closer than the tie (``ctx.urgency_tie_s``) count as equal
     (:func:`latency_guided`)."""
-    return candidate_budget <= batch.most_urgent_budget + _urgency_tie(candidate, ctx)
+    return candidate_budget <= batch.most_urgent_budget + tie
 
 
 def _urgency_tie(candidate: Generation, ctx: AdmissionContext) -> float:
@@ -768,10 +770,9 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     ``urgency_tie_s`` (one segment generation time G by default in the scheduler) count as
     equally urgent: requests of one event arrive milliseconds apart, and serialising them
     would make each wait a whole segment for a difference of a few milliseconds. With
-    ``tie_run_cost`` c, a candidate not strictly more urgent than the batch's most urgent
-    generation (its peer of one event, or one within the tie) joins at once only while its
-    run cost is at most c times the tie: a dearer join stalls its peers longer than the wait
-    it saves (module docstring).
+    ``tie_run_cost`` c, a candidate tied with the batch's most urgent generation (budgets
+    within the tie, on either side) joins at once only while its run cost is at most c times
+    the tie: a dearer join stalls its peers longer than the wait it saves (module docstring).
 
     On a pool of replicas the test weighs the candidate's replica only (its running
     generations, its batch cap and decode model): the others' iterations do not slow down.
@@ -811,15 +812,15 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     batch = _batch(ctx)
     budget = batch.most_urgent_budget           # the first of equals, as min() would
     candidate_budget = budget_s(candidate, ctx)
-    as_urgent = _as_urgent(candidate, candidate_budget, ctx, batch)
-    if as_urgent and (tie_run_cost is None or candidate_budget < budget):
+    tie = _urgency_tie(candidate, ctx)
+    as_urgent = _as_urgent(candidate_budget, batch, tie)
+    if as_urgent and (tie_run_cost is None or candidate_budget < budget - tie):
         if round_stall is not None:
             batch.price(candidate.task_id, ctx.engine.run_cost_s(candidate.task_id),
                         less_urgent=False)
         return True
     extra = ctx.engine.run_cost_s(candidate.task_id)
-    if (as_urgent and tie_run_cost is not None
-            and extra <= tie_run_cost * _urgency_tie(candidate, ctx)):
+    if as_urgent and tie_run_cost is not None and extra <= tie_run_cost * tie:
         if round_stall is not None:
             batch.price(candidate.task_id, extra, less_urgent=False)
         return True
