@@ -194,7 +194,7 @@ def test_a_tied_candidate_whose_join_costs_more_than_the_tie_takes_the_test() ->
     assert latency_guided(older, ctx, tie_run_cost=0.0)
     later = _add(engine, 'u3', 1000, task_class='urgent', arrival=0.01)
     # the policies: the fleet's default weighs costly tied joins, the paper's test does not
-    assert create_policy('timelyllm-share').tie_run_cost == 1.0
+    assert create_policy('timelyllm-share').tie_run_cost == 0.5
     assert create_policy('timelyllm').tie_run_cost is None
     assert not create_policy('timelyllm-share').admit(later, ctx)
     assert create_policy('timelyllm').admit(later, ctx)

@@ -202,7 +202,7 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     """TimelyLLM with stranded goals sharing the admission order (``stranded='share'``), a
     round stall budget (``round_stall=1``), a waiting weight (``waiting_weight=1``), a seen
     bound (``seen_bound=0.25``), a resume reserve (``resume_reserve=0.5``) and a tie run cost
-    (``tie_run_cost=1``).
+    (``tie_run_cost=0.5``).
 
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
@@ -217,12 +217,11 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     longest segment seen for its robot kind while the batch holds at most a quarter of its
     cap, and a resume its robot does not need yet does not take the last half of the slots
     while no queued goal is lost. A goal as urgent as the batch's most urgent one, or tied
-    with it, joins at once only while its run cost is at most the tie (one segment
-    generation time):
-    a burst of urgent goals whose whole prompts must be prefilled joins one after the other.
-    Where no goal is stranded, no decision reaches that budget, no running generation is
-    late, none is lost at l_max alone, the batch is at most half full and no tied join costs
-    more than the tie, it decides as ``timelyllm`` does.
+    with it, joins at once only while its run cost is at most half the tie (one segment
+    generation time): a burst of goals whose whole prompts must be prefilled joins one after
+    the other. Where no goal is stranded, no decision reaches that budget, no running
+    generation is late, none is lost at l_max alone, the batch is at most half full and no
+    tied join costs more than half the tie, it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
@@ -236,7 +235,7 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
                  round_stall: float | None = 1.0, waiting_weight: float = 1.0,
                  seen_bound: float | None = 0.25, resume_reserve: float | None = 0.5,
                  stranded_order: StrandedOrder = 'loss-rate',
-                 tie_run_cost: float | None = 1.0) -> None:
+                 tie_run_cost: float | None = 0.5) -> None:
         super().__init__(lost_order, stranded, stranded_share, stranded_plan_tokens,
                          round_stall, waiting_weight, seen_bound, resume_reserve,
                          stranded_order, tie_run_cost)
