@@ -75,14 +75,14 @@ class TimelyLlmPolicy(Policy):
         stranded_order: which stranded goals take their share first (``'share'``):
             ``'loss-rate'`` (default: the steepest loss per second of generation −α/G first,
             then the one that has lost most, the lost order's rule) or ``'most-lost'`` (the
-            one that has lost most first, whatever its class: the rule until issue 28's
-            nineteenth session; measured in the README).
+            one that has lost most first, whatever its class: the rule before; measured in
+            the README).
         tie_run_cost: the latency test's tie run cost
-            (:func:`~timelyllm_ros.core.admission.latency_guided`): a candidate as urgent
-            as the batch's most urgent generation, or within the urgency tie of it (not
-            strictly more urgent), joins at once only while its run cost is at most this
-            many tie windows, else it takes the test of a less urgent one; None (default):
-            every such candidate joins at once.
+            (:func:`~timelyllm_ros.core.admission.latency_guided`): a candidate whose budget
+            is within the urgency tie of the batch's most urgent generation's, on either
+            side, joins at once only while its run cost is at most this many tie windows,
+            else it takes the test of a less urgent one; None (default): a candidate at least
+            as urgent (within the tie) joins at once whatever its cost.
     """
 
     name = 'timelyllm'
@@ -207,21 +207,21 @@ class TimelyLlmSharePolicy(TimelyLlmPolicy):
     Eq. 4 leaves a goal that has lost its utility before its first segment behind every
     segment that still earns; while earning resume segments keep arriving it waits (34–39 s
     on the authors' arm workload in the paper's setup). Here such goals, the steepest loss
-    rate first and then the one that has lost most, take every other place of Eq. 4's
-    order, as many as join without
-    harming a plan under way. A decision's joins stall the batch for at most the most urgent
-    running generation's remaining segment time (the less urgent ones' where the seen bound
-    judges it), and once the most urgent one is late a waiting candidate's wait counts at
-    its TUF slope even within its slack (both measured in the README). A most urgent running
-    generation whose segment misses its deadline at l_max tokens even alone is judged at the
-    longest segment seen for its robot kind while the batch holds at most a quarter of its
-    cap, and a resume its robot does not need yet does not take the last half of the slots
-    while no queued goal is lost. A goal as urgent as the batch's most urgent one, or tied
-    with it, joins at once only while its run cost is at most half the tie (one segment
-    generation time): a burst of goals whose whole prompts must be prefilled joins one after
-    the other. Where no goal is stranded, no decision reaches that budget, no running
-    generation is late, none is lost at l_max alone, the batch is at most half full and no
-    tied join costs more than half the tie, it decides as ``timelyllm`` does.
+    rate first and then the one that has lost most, take every other place of Eq. 4's order,
+    as many as join without harming a plan under way. A decision's joins stall the batch for
+    at most the most urgent running generation's remaining segment time (the less urgent
+    ones' where the seen bound judges it), and once the most urgent one is late a waiting
+    candidate's wait counts at its TUF slope even within its slack (both measured in the
+    README). A most urgent running generation whose segment misses its deadline at l_max
+    tokens even alone is judged at the longest segment seen for its robot kind while the
+    batch holds at most a quarter of its cap, and a resume its robot does not need yet does
+    not take the last half of the slots while no queued goal is lost. A goal tied in urgency
+    with the batch's most urgent one (budgets within one segment generation time, on either
+    side) joins at once only while its run cost is at most half that tie: a burst of goals
+    whose whole prompts must be prefilled joins one after the other. Where no goal is
+    stranded, no decision reaches that budget, no running generation is late, none is lost
+    at l_max alone, the batch is at most half full and no tied join costs more than half the
+    tie, it decides as ``timelyllm`` does.
     """
 
     name = 'timelyllm-share'
