@@ -9,6 +9,7 @@ from utils import make_spec, tiny_calibration
 
 from timelyllm_ros.core.clock import SimClock
 from timelyllm_ros.core.priority import interleave
+from timelyllm_ros.core.queue import best_rows
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.base import EngineRequest
 from timelyllm_ros.engines.replicas import SimulatedReplicas
@@ -63,6 +64,34 @@ def _ranked(scheduler: Scheduler) -> list[str]:
     view = scheduler.queue.view(scheduler.config.comm_s)
     priority = scheduler.policy.priorities(view, scheduler.clock.now())
     return [view.task_ids[r] for r in np.argsort(-priority, kind='stable')]
+
+
+def test_the_rows_the_share_puts_first_lead_the_order_the_decision_would_sort() -> None:
+    """``ranked()`` hands the decision the interleaved head: the first rows of the order that
+    ``best_rows`` gives over its priorities, none tied with another row (so the decision
+    need not sort the queue again); ``timelyllm`` and a queue with no stranded goal hand
+    none."""
+    engine = SimulatedEngine(tiny_calibration(gpu_kv_tokens=1600, host_kv_tokens=1600,
+                                              max_num_seqs=8), prefix_caching=False)
+    scheduler = _queue_of_stranded_and_fresh(TimelyLlmSharePolicy(), engine)
+    view = scheduler.queue.view(scheduler.config.comm_s)
+    now = scheduler.clock.now()
+    priority, leading = scheduler.policy.ranked(view, now)
+    assert leading is not None and len(leading) == 7     # 4 promoted, 3 fresh before the last
+    assert best_rows(priority, view.seq, len(leading)).tolist() == leading.tolist()
+    assert priority[leading].min() > np.delete(priority, leading).max()
+    assert priority.tolist() == scheduler.policy.priorities(view, now).tolist()
+    assert [view.task_ids[r] for r in leading[:2]] == ['late0', 'fresh0']
+    plain = _queue_of_stranded_and_fresh(TimelyLlmPolicy(), SimulatedEngine(
+        tiny_calibration(max_num_seqs=8)))
+    plain_view = plain.queue.view(plain.config.comm_s)
+    assert plain.policy.ranked(plain_view, plain.clock.now())[1] is None
+    fresh_only = _queue_of_stranded_and_fresh(TimelyLlmSharePolicy(), SimulatedEngine(
+        tiny_calibration(max_num_seqs=8)), stranded=0)
+    assert fresh_only.policy.ranked(fresh_only.queue.view(0.008), 20.0)[1] is None
+    # the decision admits in that order
+    admitted = [g.task_id for g in scheduler.decide()]
+    assert admitted == [view.task_ids[r] for r in leading[:len(admitted)]]
 
 
 def test_with_no_plan_under_way_a_batch_of_stranded_goals_shares_the_order() -> None:

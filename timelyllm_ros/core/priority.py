@@ -140,9 +140,16 @@ def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
     first at equal places. Only the others placed before the last promoted row are sorted
     (a partial sort): the rows from there on keep their priorities, below the interleaved
     head's."""
-    m = len(promoted)
-    if not m:
+    if not len(promoted):
         return priority
+    return lead_with(priority, interleaved_head(priority, seq, promoted, share))
+
+
+def interleaved_head(priority: Column, seq: Column, promoted: NDArray[np.intp],
+                     share: float) -> NDArray[np.intp]:
+    """The rows :func:`interleave` places first, best first: the ``promoted`` rows (at least
+    one) and the others placed before the last of them."""
+    m = len(promoted)
     other = np.ones(len(priority), dtype=bool)
     other[promoted] = False
     ahead = _others_ahead(m, len(priority) - m, share)
@@ -156,9 +163,15 @@ def interleave(priority: Column, seq: Column, promoted: NDArray[np.intp],
     head = np.concatenate([promoted, rest])
     place = np.concatenate([np.arange(1, m + 1) / share,
                             np.arange(1, len(rest) + 1) / (1.0 - share)])
-    order = head[np.lexsort((np.arange(len(head)) >= m, place))]
+    order: NDArray[np.intp] = head[np.lexsort((np.arange(len(head)) >= m, place))]
+    return order
+
+
+def lead_with(priority: Column, head: NDArray[np.intp]) -> Column:
+    """Priorities that put the ``head`` rows first, in their order, above every other row
+    (whose priorities are kept); ``priority`` is not changed."""
     ranked = priority.copy()
-    ranked[order] = float(priority.max()) + 1.0 + np.arange(len(order), 0, -1, dtype=float)
+    ranked[head] = float(priority.max()) + 1.0 + np.arange(len(head), 0, -1, dtype=float)
     return ranked
 
 

@@ -480,7 +480,8 @@ class Scheduler:
         if len(self._running) >= cap:
             return admitted
         view = self.queue.view(self.config.comm_s)
-        priorities = np.array(self.policy.priorities(view, now), dtype=float)
+        ranking, leading = self.policy.ranked(view, now)
+        priorities = np.array(ranking, dtype=float)
         tally = LostTally(view, now, lambda: len(self.queue))
         ctx = replace(ctx, ranked=view, lost_tally=tally, batch_columns=BatchColumns(),
                       decode_steps=round_decode_steps(ctx.engine),
@@ -495,8 +496,12 @@ class Scheduler:
                 # admissions, so the first read is short and each next one twice as long.
                 take = min(cap - len(self._running), chunk)
                 chunk *= 2
-                candidates = [self.queue.at(int(r))
-                              for r in best_rows(priorities[:n], seq[:n], take)[::-1]]
+                if leading is not None and len(leading) >= take:   # the first read only: the
+                    rows = leading[:take]           # rows move as the queue swap-removes
+                else:
+                    rows = best_rows(priorities[:n], seq[:n], take)
+                leading = None
+                candidates = [self.queue.at(int(r)) for r in rows[::-1]]
             candidate = candidates.pop()
             row = self.queue.row_of(candidate.task_id)
             try:

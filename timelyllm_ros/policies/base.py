@@ -4,7 +4,9 @@ A policy says whether generations are suspended at segment boundaries (``segment
 whether segments are sent to the robot as they are cut (``streaming``; if not, the whole plan
 is sent when generation ends), and, at each decision, the priority of every queued generation
 (higher runs sooner) plus whether the best one may join the batch. That is all TimelyLLM and
-the paper's baselines need.
+the paper's baselines need. A ranking that finds the rows leading its order on the way (the
+stranded goals' share does) hands them over too (:meth:`Policy.ranked`), so that the decision
+does not sort the queue again.
 
 The rival schedulers steer more of the loop, through optional hooks with do-nothing
 defaults, each called by the scheduler at one point of every tick:
@@ -56,6 +58,14 @@ class Policy(ABC):
         A pure function of the policy's state, the queue and ``now``: it changes nothing, so
         that a status snapshot may ask at any time (what a decision needs to keep goes in
         :meth:`admit` or the observers; the decision's ranked queue is ``ctx.ranked``)."""
+
+    def ranked(self, queue: QueueView, now: float
+               ) -> tuple[NDArray[np.float64], NDArray[np.intp] | None]:
+        """:meth:`priorities`, and the rows that lead their order where the ranking found them
+        on the way (best first: the first rows of the order that :func:`~timelyllm_ros.core.
+        queue.best_rows` gives, with no other row tied with any of them), else None. A decision
+        takes its first candidates from those rows instead of sorting the queue again."""
+        return self.priorities(queue, now), None
 
     def admit(self, candidate: Generation, ctx: AdmissionContext) -> bool:
         """Whether ``candidate`` (the best queued generation) may join the batch now."""

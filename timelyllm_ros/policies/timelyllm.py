@@ -21,7 +21,8 @@ from timelyllm_ros.core.priority import (
     StrandedOrder,
     StrandedRule,
     artifact_priority,
-    interleave,
+    interleaved_head,
+    lead_with,
     pud_priority,
     stranded_by_loss,
     utility_if_started,
@@ -141,9 +142,15 @@ class TimelyLlmPolicy(Policy):
         self._under_way.discard(generation.task_id)
 
     def priorities(self, queue: QueueView, now: float) -> NDArray[np.float64]:
+        return self._rank(queue, now)[0]
+
+    def ranked(self, queue: QueueView, now: float
+               ) -> tuple[NDArray[np.float64], NDArray[np.intp] | None]:
         return self._rank(queue, now)
 
-    def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
+    def _rank(self, queue: QueueView, now: float
+              ) -> tuple[NDArray[np.float64], NDArray[np.intp] | None]:
+        """The priorities, and the rows the stranded goals' share puts first (None without)."""
         stranded = self.stranded
         utility = utility_if_started(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
                                      queue.g, queue.comm_s)
@@ -151,15 +158,16 @@ class TimelyLlmPolicy(Policy):
                                 queue.g, queue.comm_s, self.lost_order, queue.first,
                                 'eq4' if stranded == 'share' else stranded, utility)
         if stranded != 'share' or priority.min(initial=1.0) > 0.0:
-            return priority
+            return priority, None
         # _within_room reads at most the first batch cap's worth (and whether there are more)
         by_loss = stranded_by_loss(
             utility, queue.first, queue.seq, limit=self._batch_cap + 1,
             alpha_per_g=queue.alpha / queue.g if self.stranded_order == 'loss-rate' else None)
         promoted = self._within_room(queue, by_loss)
         if not len(promoted):
-            return priority
-        return interleave(priority, queue.seq, promoted, self.stranded_share)
+            return priority, None
+        head = interleaved_head(priority, queue.seq, promoted, self.stranded_share)
+        return lead_with(priority, head), head
 
     def _within_room(self, queue: QueueView, rows: NDArray[np.intp]) -> NDArray[np.intp]:
         """The leading ``rows`` that starting harms no plan under way: all of them if the
@@ -251,6 +259,7 @@ class TimelyLlmArtifactPolicy(TimelyLlmPolicy):
     name = 'timelyllm-artifact'
     description = "segmented, the authors' artifact priority, latency-guided batch size"
 
-    def _rank(self, queue: QueueView, now: float) -> NDArray[np.float64]:
+    def _rank(self, queue: QueueView, now: float
+              ) -> tuple[NDArray[np.float64], NDArray[np.intp] | None]:
         return artifact_priority(now, queue.ref_time, queue.ert, queue.beta, queue.alpha,
-                                 queue.g, queue.comm_s)
+                                 queue.g, queue.comm_s), None
