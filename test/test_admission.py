@@ -657,3 +657,27 @@ def test_the_delay_test_stays_exact_through_a_round_of_admissions(seed: int) -> 
                 assert delay_cost_within(gain, extra, ctx, batch) == (cost <= gain), (extra, gain)
         running[g.task_id] = g                      # the next admission
     assert anchored                                 # the anchor was there to be used
+
+
+@pytest.mark.parametrize('recent', [None, 0.03])
+def test_the_step_scales_of_a_test_are_those_of_each_size_asked_once(recent: float | None
+                                                                      ) -> None:
+    """``_step_scales`` gives ``_step_scale`` at the batch's size and one more (the latency
+    test's two step times), asking the decode model for each size once, the larger first."""
+    from timelyllm_ros.core.admission import _step_scale, _step_scales
+
+    engine = _engine()
+    running = [_add(engine, f'r{i}', 10, run=True) for i in range(3)]
+    ctx = _ctx(engine, running, recent_step_s=recent)
+    for model in ({2: 0.02, 3: 0.03, 4: 0.045}, {3: 0.0, 4: 0.01}):
+        asked: list[int] = []
+
+        def decode_s(size: int, model: dict[int, float] = model,
+                     asked: list[int] = asked) -> float:
+            asked.append(size)
+            return model[size]
+
+        scales = _step_scales(3, ctx, decode_s)
+        assert asked == [4, 3]
+        assert scales == (_step_scale(4, ctx, decode_s)[0], _step_scale(3, ctx, decode_s)[1],
+                          _step_scale(4, ctx, decode_s)[1])

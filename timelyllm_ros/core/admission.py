@@ -129,6 +129,7 @@ class AdmissionContext:
     recent_step_s: float | None                 # observed decode-step time, None before any
     max_segment_tokens: Callable[[Generation], int]  # l_max of a generation's robot profile
     urgency_tie_s: Callable[[Generation], float] | None = None  # budgets closer than this tie
+                                                # (the same for a robot profile's generations)
     seen_segment_tokens: Callable[[Generation], int | None] | None = None  # longest segment
                                                 # seen for a generation's robot kind and
                                                 # position (first or later), None before any
@@ -319,6 +320,20 @@ def _step_scale(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps
     return ctx.recent_step_s, (model_next / model_now if model_now > 0 else 1.0)
 
 
+def _step_scales(size: int, ctx: AdmissionContext, decode_s: DecodeSteps
+                 ) -> tuple[float, float, float]:
+    """``(r, s, s′)``: :func:`_step_scale` at the batch's ``size`` (≥ 1) and at ``size + 1``
+    (``r·s`` and ``r·s′`` the per-token decode times), the model asked once per size, in the
+    same order (a round's model keeps the answer first given for a size)."""
+    model_next = decode_s(size + 1)
+    model_now = decode_s(size)
+    if ctx.recent_step_s is None:
+        return 1.0, model_now, model_next
+    if model_now > 0:
+        return ctx.recent_step_s, model_now / model_now, model_next / model_now
+    return ctx.recent_step_s, 1.0, 1.0
+
+
 def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> float:
     """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
     recent, scale = _step_scale(batch_size, ctx, decode_s)
@@ -403,7 +418,8 @@ the rest from the exact sum."""
 
 _ROWS_AT_ONCE = 16      # appended generations from which a batch's rows are read as arrays
 _NEED_TIME = operator.attrgetter('need_time')
-_ERT = operator.attrgetter('ert_s')
+_FIRST_ERT = operator.attrgetter('spec.tuf.ert_s')   # ert_s of a first segment (k = 0)
+_SEGMENT = operator.attrgetter('k')
 _ALPHA = operator.attrgetter('spec.tuf.alpha')
 _PROFILE = operator.attrgetter('spec.profile')
 _SEGMENT_TOKENS = operator.attrgetter('segment_tokens')
@@ -422,6 +438,7 @@ class BatchColumns:
     def __init__(self) -> None:
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
         self._l_max: dict[str, int] = {}          # l_max per robot profile, asked once
+        self._tie: dict[str, float] = {}          # urgency tie per robot profile, asked once
         self.stall_s = 0.0          # run costs of the generations the round joined (priced)
         self.less_urgent_stall_s = 0.0    # of those, the ones less urgent than the batch's
         self._priced: dict[str, tuple[float, bool]] = {}   # admitted, not yet seen joining:
@@ -571,7 +588,9 @@ class BatchColumns:
         n = len(added)
         start, end = len(self.generations), len(self.generations) + n
         budget = np.fromiter(map(_NEED_TIME, added), float, n)    # budget_s, as arrays
-        budget += np.fromiter(map(_ERT, added), float, n)
+        # ert_s without its property: TUF₀'s ERT for a first segment, 0 for a later one
+        first_segment = np.fromiter(map(_SEGMENT, added), float, n) == 0.0
+        budget += np.where(first_segment, np.fromiter(map(_FIRST_ERT, added), float, n), 0.0)
         budget -= ctx.now
         budget -= ctx.comm_s
         l_max = self._l_max
@@ -600,6 +619,16 @@ class BatchColumns:
         if l_max is None:
             l_max = self._l_max[profile] = ctx.max_segment_tokens(generation)
         return l_max
+
+    def urgency_tie(self, generation: Generation, ctx: AdmissionContext) -> float:
+        """The urgency tie of the generation's robot profile (``ctx.urgency_tie_s``, the same
+        for every generation of a profile; 0 without one)."""
+        profile = generation.spec.profile
+        tie = self._tie.get(profile)
+        if tie is None:
+            tie = self._tie[profile] = (ctx.urgency_tie_s(generation)
+                                        if ctx.urgency_tie_s is not None else 0.0)
+        return tie
 
     def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
         """The generations appended to ``running`` since these columns were built, or None
@@ -744,7 +773,8 @@ def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: 
     if not ctx.running or len(ctx.running) < ctx.max_batch - int(reserve * ctx.max_batch):
         return True
     budget = budget_s(candidate, ctx)
-    if budget <= 0.0 or _as_urgent(budget, _batch(ctx), _urgency_tie(candidate, ctx)):
+    batch = _batch(ctx)
+    if budget <= 0.0 or _as_urgent(budget, batch, batch.urgency_tie(candidate, ctx)):
         return True
     return _queued_lost(ctx)[1] > 0
 
@@ -754,10 +784,6 @@ def _as_urgent(candidate_budget: float, batch: BatchColumns, tie: float) -> bool
     urgent generation: budgets closer than the tie (``ctx.urgency_tie_s``) count as equal
     (:func:`latency_guided`)."""
     return candidate_budget <= batch.most_urgent_budget + tie
-
-
-def _urgency_tie(candidate: Generation, ctx: AdmissionContext) -> float:
-    return ctx.urgency_tie_s(candidate) if ctx.urgency_tie_s is not None else 0.0
 
 
 def latency_guided(candidate: Generation, ctx: AdmissionContext,
@@ -812,7 +838,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     batch = _batch(ctx)
     budget = batch.most_urgent_budget           # the first of equals, as min() would
     candidate_budget = budget_s(candidate, ctx)
-    tie = _urgency_tie(candidate, ctx)
+    tie = batch.urgency_tie(candidate, ctx)
     as_urgent = _as_urgent(candidate_budget, batch, tie)
     if as_urgent and (tie_run_cost is None or candidate_budget < budget - tie):
         if round_stall is not None:
@@ -827,8 +853,7 @@ def latency_guided(candidate: Generation, ctx: AdmissionContext,
     size = len(ctx.running)
     decode_s = _decode_steps(ctx)
     remaining = batch.most_urgent_remaining     # the most urgent one's WCET: as wcet_s
-    recent, scale_next = _step_scale(size + 1, ctx, decode_s)
-    scale_now = _step_scale(size, ctx, decode_s)[1]
+    recent, scale_now, scale_next = _step_scales(size, ctx, decode_s)
     wait = remaining * recent * scale_now
     seen = None                     # the seen length, where the seen bound judges
     if (budget > 0 and seen_bound is not None and wait > budget
