@@ -34,9 +34,9 @@ LAYERS: dict[str, int] = {
     'timelyllm_ros.live.goals': 1, 'timelyllm_ros.evaluation.workloads': 1,
     # L2: ranking and admission, and the engine interface policies read
     'timelyllm_ros.core.queue': 2, 'timelyllm_ros.core.priority': 2,
-    'timelyllm_ros.core.admission': 2, 'timelyllm_ros.core.predictors': 2,
-    'timelyllm_ros.core.plan_requests': 2, 'timelyllm_ros.policies': 2,
-    'timelyllm_ros.engines.base': 2,
+    'timelyllm_ros.core.running': 2, 'timelyllm_ros.core.admission': 2,
+    'timelyllm_ros.core.predictors': 2, 'timelyllm_ros.core.plan_requests': 2,
+    'timelyllm_ros.policies': 2, 'timelyllm_ros.engines.base': 2,
     # L3: the scheduler loop, the engines, the robots
     'timelyllm_ros.core.scheduler': 3, 'timelyllm_ros.engines': 3, 'timelyllm_ros.robots': 3,
     # L4: running it: live service, simulation, benchmarks, tools, LRTrace

@@ -101,6 +101,7 @@ import numpy as np
 
 from timelyllm_ros.core.queue import Column, QueueView
 from timelyllm_ros.core.request import Generation
+from timelyllm_ros.core.running import RunningBatch
 from timelyllm_ros.engines.base import EngineView
 
 LostSlopes = tuple[float, int]   # (Σ −α, count) over the queued goals past zero utility
@@ -146,6 +147,8 @@ class AdmissionContext:
                                                 # admission round (round_decode_steps)
     replica_batches: ReplicaBatches | None = None   # a pool's batch split by replica, kept
                                                 # up to date within an admission round
+    running_columns: RunningBatch | None = None  # ``running``'s columns, where the scheduler
+                                                # keeps them (None: read each generation)
 
 
 def fits(candidate: Generation, ctx: AdmissionContext) -> bool:
@@ -433,7 +436,9 @@ class BatchColumns:
     rebuilt if the batch changed otherwise (a preemption). Bringing it up to date looks at
     the appended generations only, not the whole batch; most tests need only the most urgent
     row and the running sums (:class:`DelayWeights`), so appended rows reach the arrays only
-    when the arrays are read."""
+    when the arrays are read. On the scheduler's own batch the first test builds them from
+    the columns the scheduler keeps (``ctx.running_columns``, :mod:`timelyllm_ros.core.
+    running`): of each generation only its segment's token count is read."""
 
     def __init__(self) -> None:
         self._rows: Column = np.empty((3, 0))     # remaining, budget, α; grown by doubling
@@ -566,7 +571,11 @@ class BatchColumns:
                     self.less_urgent_stall_s += cost
         start = len(self.generations)
         if len(added) >= _ROWS_AT_ONCE:
-            self._add_rows(added, ctx)
+            kept = ctx.running_columns
+            if kept is not None and not start and len(kept) == len(added):
+                self._add_rows(added, *self._from_columns(added, kept, ctx))
+            else:
+                self._add_rows(added, *self._read_rows(added, ctx))
             return self
         for offset, g in enumerate(added):
             budget = budget_s(g, ctx)
@@ -581,12 +590,11 @@ class BatchColumns:
         self.generations.extend(added)
         return self
 
-    def _add_rows(self, added: list[Generation], ctx: AdmissionContext) -> None:
-        """Append many generations at once (a round's first test reads the whole batch): the
-        same values as one by one, read with C-level getters and computed as arrays."""
-        self._arrays()                              # nothing pending: the new rows follow
+    def _read_rows(self, added: list[Generation], ctx: AdmissionContext
+                   ) -> tuple[Column, Column, Column]:
+        """``(remaining, budget, α)`` of many generations, read with C-level getters and
+        computed as arrays: the same values as one by one."""
         n = len(added)
-        start, end = len(self.generations), len(self.generations) + n
         budget = np.fromiter(map(_NEED_TIME, added), float, n)    # budget_s, as arrays
         # ert_s without its property: TUF₀'s ERT for a first segment, 0 for a later one
         first_segment = np.fromiter(map(_SEGMENT, added), float, n) == 0.0
@@ -600,7 +608,26 @@ class BatchColumns:
         remaining = np.fromiter(map(l_max.__getitem__, profiles), float, n)
         remaining -= np.fromiter(map(_SEGMENT_TOKENS, added), float, n)
         np.maximum(remaining, 1.0, out=remaining)
-        alpha = np.fromiter(map(_ALPHA, added), float, n)
+        return remaining, budget, np.fromiter(map(_ALPHA, added), float, n)
+
+    @staticmethod
+    def _from_columns(added: list[Generation], kept: RunningBatch, ctx: AdmissionContext
+                      ) -> tuple[Column, Column, Column]:
+        """:meth:`_read_rows` of the whole batch from the scheduler's columns: only the
+        segments' token counts are read from the generations."""
+        need_ert, l_max, alpha = kept.columns()
+        budget = need_ert - ctx.now
+        budget -= ctx.comm_s
+        remaining = l_max - np.fromiter(map(_SEGMENT_TOKENS, added), float, len(added))
+        np.maximum(remaining, 1.0, out=remaining)
+        return remaining, budget, alpha
+
+    def _add_rows(self, added: list[Generation], remaining: Column, budget: Column,
+                  alpha: Column) -> None:
+        """Append many generations at once (a round's first test reads the whole batch)
+        with their rows."""
+        self._arrays()                              # nothing pending: the new rows follow
+        start, end = len(self.generations), len(self.generations) + len(added)
         self._room_for(end)
         self._rows[0, start:end], self._rows[1, start:end], self._rows[2, start:end] = (
             remaining, budget, alpha)
@@ -689,7 +716,7 @@ class ReplicaBatches:
                                                       if t in place)]
             shared = self._shares[replica] = running, replace(
                 ctx, engine=replica, running=running, max_batch=replica.max_num_seqs,
-                batch_columns=BatchColumns(), decode_steps=None)
+                batch_columns=BatchColumns(), decode_steps=None, running_columns=None)
         return shared[1]
 
 
@@ -758,7 +785,8 @@ def _on_replica(ctx: AdmissionContext, replica: EngineView) -> AdmissionContext:
     batch cap (the latency test protects the iterations a candidate would slow down)."""
     members = set(replica.running)
     return replace(ctx, engine=replica, running=[g for g in ctx.running if g.task_id in members],
-                   max_batch=replica.max_num_seqs, batch_columns=None, decode_steps=None)
+                   max_batch=replica.max_num_seqs, batch_columns=None, decode_steps=None,
+                   running_columns=None)
 
 
 def keeps_resume_reserve(candidate: Generation, ctx: AdmissionContext, reserve: float) -> bool:

@@ -52,6 +52,7 @@ from timelyllm_ros.core.events import Closed, Dispatch, Ended, Generated, Schedu
 from timelyllm_ros.core.plan_requests import ProfileCache, task_request
 from timelyllm_ros.core.queue import GenerationQueue, best_rows
 from timelyllm_ros.core.request import Generation, Segment, TaskSpec, TaskStatus
+from timelyllm_ros.core.running import RunningBatch
 from timelyllm_ros.engines.base import Engine, EngineRequest, EngineView, StepResult
 from timelyllm_ros.errors import (
     ConfigError,
@@ -206,7 +207,11 @@ class Scheduler:
         self._tells_steps = getattr(policy.on_step, '__func__', None) is not Policy.on_step
         self.generations: dict[str, Generation] = {}
         self._segmenters: dict[str, Segmenter] = {}
-        self._running: dict[str, Generation] = {}
+        # l_max read from the profiles, not through a method of the scheduler: the batch is
+        # the scheduler's own, and a bound method would make a reference cycle
+        profiles = self.profiles
+        self._running = RunningBatch(
+            lambda generation: profiles(generation.spec.profile).max_segment_tokens)
         # cut, still running until their next statement begins (in the order of their cuts)
         self._between: dict[str, None] = {}
         self._deadlines: list[tuple[float, int, str, int]] = []  # (due, seq, task, segment)
@@ -321,6 +326,7 @@ class Scheduler:
         if index == len(generation.segments) - 1 and generation.status < TaskStatus.GENERATED:
             # The next segment is needed when this one really ended, not when we guessed.
             generation.need_time = end_time
+            self._running.refresh(generation)
             if task_id in self.queue:
                 self.queue.remove(task_id)
                 self.queue.push(generation, self._profile(generation).segment_generation_s)
@@ -412,6 +418,7 @@ class Scheduler:
         for task_id in self._between:
             if task_id not in self._running:
                 problems.append(f'{task_id}: between statements but not running')
+        problems.extend(self._running.column_errors())
         return problems
 
     def now(self) -> float:
@@ -702,7 +709,7 @@ class Scheduler:
             recent_step_s=self.recent_step_s, max_segment_tokens=self._max_segment_tokens,
             batch_mode=self.config.batch_mode,
             urgency_tie_s=self._segment_generation_s, queued=self.queue.generations,
-            seen_segment_tokens=self._seen_segment_tokens)
+            seen_segment_tokens=self._seen_segment_tokens, running_columns=self._running)
 
     # -- segments ---------------------------------------------------------------------------
     def _on_cut(self, generation: Generation, cut: Cut, now: float) -> None:
@@ -785,6 +792,7 @@ class Scheduler:
         generation.need_time = start_estimate + estimate
         generation.k = index + 1
         generation.segment_tokens = 0
+        self._running.refresh(generation)
         self._events.append(Dispatch(generation.task_id, generation.spec.robot_id, segment))
         if all(not math.isnan(s.end_time) for s in generation.segments[:index]):
             self._arm_deadline(generation)   # else the first unreported one's deadline runs
