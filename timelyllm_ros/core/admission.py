@@ -371,9 +371,11 @@ class DelayWeights:
         if budget <= 0.0:
             self.late_weight -= alpha
             self.late_weighted_remaining -= alpha * remaining
-        else:
-            self.on_time_least_budget = min(self.on_time_least_budget, budget)
-            self.on_time_most_remaining = max(self.on_time_most_remaining, remaining)
+        else:       # as min() and max() would (the first of equals kept), without the calls
+            if budget < self.on_time_least_budget:
+                self.on_time_least_budget = budget
+            if remaining > self.on_time_most_remaining:
+                self.on_time_most_remaining = remaining
 
     def add_rows(self, remaining: Column, budget: Column, alpha: Column) -> None:
         late = budget <= 0.0
@@ -557,7 +559,7 @@ class BatchColumns:
 
     def of(self, ctx: AdmissionContext) -> BatchColumns:
         """These columns, brought up to date with ``ctx.running``."""
-        added = self._appended(ctx.running)
+        added = _appended_since(ctx.running, self.generations)
         if added is None:                           # not only appended to: rebuild
             self._reset()
             added = list(ctx.running)
@@ -577,10 +579,15 @@ class BatchColumns:
             else:
                 self._add_rows(added, *self._read_rows(added, ctx))
             return self
+        now, comm_s, l_max = ctx.now, ctx.comm_s, self._l_max
         for offset, g in enumerate(added):
-            budget = budget_s(g, ctx)
-            remaining = max(self._profile_l_max(g, ctx) - g.segment_tokens, 1)
-            alpha = g.spec.tuf.alpha
+            budget = g.need_time + g.ert_s - now - comm_s          # budget_s
+            spec = g.spec
+            limit = l_max.get(spec.profile)
+            if limit is None:
+                limit = self._profile_l_max(g, ctx)
+            remaining = max(limit - g.segment_tokens, 1)
+            alpha = spec.tuf.alpha
             self._pending.append((remaining, budget, alpha))
             self.weights.add(remaining, budget, alpha)
             if budget < self.most_urgent_budget or self.most_urgent < 0:
@@ -656,11 +663,6 @@ class BatchColumns:
             tie = self._tie[profile] = (ctx.urgency_tie_s(generation)
                                         if ctx.urgency_tie_s is not None else 0.0)
         return tie
-
-    def _appended(self, running: Collection[Generation]) -> list[Generation] | None:
-        """The generations appended to ``running`` since these columns were built, or None
-        if it changed otherwise (:func:`_appended_since`)."""
-        return _appended_since(running, self.generations)
 
 
 def _appended_since(running: Collection[Generation], held: list[Generation]

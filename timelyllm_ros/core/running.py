@@ -67,6 +67,8 @@ class RunningBatch(dict[str, Generation]):
             self._removed.append(self._slot.pop(task_id))
 
     def pop(self, task_id: str, *default: Generation | None) -> Generation | None:  # type: ignore[override]
+        if not self._kept:
+            return super().pop(task_id, *default)
         if task_id in self:
             generation = self[task_id]
             del self[task_id]

@@ -251,6 +251,8 @@ class SimulatedEngine(BatchingEngine[_Generation]):
             return cal.swap_in_s(tokens)
         if request_id in self._running:
             return 0.0
+        if location != 'none' and cal.engine.resume == 'kept_kv':
+            return 0.0              # its KV is on the GPU, kept: nothing to compute to join
         new, context = self._join_prefill(request_id, location == 'none')
         if not new:
             return 0.0
