@@ -332,7 +332,7 @@ def _step_scales(size: int, ctx: AdmissionContext, decode_s: DecodeSteps
     model_now = decode_s(size)
     if ctx.recent_step_s is None:
         return 1.0, model_now, model_next
-    if model_now > 0:
+    if model_now > 0:   # x / x, not 1.0: _step_scale's value for an infinite model too
         return ctx.recent_step_s, model_now / model_now, model_next / model_now
     return ctx.recent_step_s, 1.0, 1.0
 
@@ -579,15 +579,10 @@ class BatchColumns:
             else:
                 self._add_rows(added, *self._read_rows(added, ctx))
             return self
-        now, comm_s, l_max = ctx.now, ctx.comm_s, self._l_max
         for offset, g in enumerate(added):
-            budget = g.need_time + g.ert_s - now - comm_s          # budget_s
-            spec = g.spec
-            limit = l_max.get(spec.profile)
-            if limit is None:
-                limit = self._profile_l_max(g, ctx)
-            remaining = max(limit - g.segment_tokens, 1)
-            alpha = spec.tuf.alpha
+            budget = budget_s(g, ctx)
+            remaining = max(self._profile_l_max(g, ctx) - g.segment_tokens, 1)
+            alpha = g.spec.tuf.alpha
             self._pending.append((remaining, budget, alpha))
             self.weights.add(remaining, budget, alpha)
             if budget < self.most_urgent_budget or self.most_urgent < 0:
