@@ -20,7 +20,11 @@ the fleet's; a segmented policy generates each next segment for when its robot n
 its last generation ends later than an engine that generates whole plans at once, while its
 robots need not finish later), the p50 / p99 / max response time, the mean batch size, the
 mean utility of urgent goals (signed, and with late goals floored at 0) and of all goals, the
-completion rate, and how many urgent goals earned any utility; then each policy's goals/s,
+completion rate, and how many urgent goals earned any utility; how many of the engine's
+iterations prefilled and their share of its busy time (every prefill iteration pays the
+engine's fixed cost of an iteration, and on an engine that prefills whole it stalls every
+running generation: a policy that starts goals in many small rounds spends more of the
+engine's time there than one that starts them in a few large ones); then each policy's goals/s,
 finished/s and decide mean over the ``vllm`` policy's. By default it runs ``vllm``, the
 paper's ``timelyllm`` and the fleet's default policy. :func:`run_overload` returns the same as a
 dict (the fault campaign calls it).
@@ -49,6 +53,7 @@ from timelyllm_ros.core.scheduler import SchedulerConfig
 from timelyllm_ros.evaluation.bench import EngineOptions
 from timelyllm_ros.evaluation.metrics import TaskMetrics, task_metrics
 from timelyllm_ros.evaluation.simulation import SimulationResult, simulate
+from timelyllm_ros.evaluation.validate_sim import iteration_figures
 from timelyllm_ros.evaluation.workloads import DEFAULT_BURST_S, overload_tasks
 from timelyllm_ros.policies import FLEET_POLICY
 from timelyllm_ros.safe_files import int_arg
@@ -84,6 +89,7 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
     """The overload figures of one simulated run (times in simulated seconds)."""
     generations = result.generations
     rows: list[TaskMetrics] = [task_metrics(g) for g in generations]
+    engine = iteration_figures(result.sim_time_s, result.iterations)
     ends = [e for e in (generation_end_s(g) for g in generations) if not math.isnan(e)]
     first_arrival = min((g.spec.arrival_time for g in generations), default=0.0)
     span = max(ends) - first_arrival if ends else 0.0
@@ -115,6 +121,8 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
+        **{key: engine[key] for key in ('engine_busy_s', 'prefill_iterations',
+                                        'prefill_busy_s')},
         **decision_figures(result.decision_cpu_s),
         'sim_time_s': result.sim_time_s,
         'wall_time_s': result.wall_time_s,
@@ -234,6 +242,10 @@ def _table(report: dict[str, Any]) -> str:
         cells = ' '.join(f'{figures[c]:15.3f}' if figures[c] is not None else f"{'-':>15}"
                          for c in columns)
         lines.append(f'{policy:>16} {cells}')
+    for policy, figures in report['policies'].items():
+        lines.append(f"{policy}: {figures['prefill_iterations']} of "
+                     f"{figures['engine_iterations']} engine iterations prefilled, "
+                     f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s")
     for policy, ratios in report['ratios_to_vllm'].items():
         cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'
                           for name, value in ratios.items())

@@ -58,6 +58,24 @@ def test_run_overload_reports_every_figure(overload: ModuleType) -> None:
     assert overload.main(['--robots', '10', '--policies', 'vllm', '--json']) == 0
 
 
+def test_prefill_iterations_are_counted_from_the_engine_iterations(
+        overload: ModuleType) -> None:
+    """The engine's prefill iterations and their time, as the run's iterations add up: every
+    goal is prefilled once, in as many iterations as its policy started rounds of goals."""
+    tasks = overload.overload_tasks(30, 0, burst_s=0.5)
+    for policy in ('vllm', 'timelyllm-share'):
+        result = overload.simulate(tasks, policy, seed=0)
+        figures = overload.policy_figures(result)
+        prefills = [i for i in result.iterations if i.prefill_tokens]
+        assert figures['prefill_iterations'] == len(prefills) > 0
+        assert figures['prefill_iterations'] < figures['engine_iterations'] == len(
+            result.iterations)
+        assert figures['prefill_busy_s'] == pytest.approx(sum(i.duration_s for i in prefills))
+        assert 0 < figures['prefill_busy_s'] < figures['engine_busy_s'] == pytest.approx(
+            sum(i.duration_s for i in result.iterations))
+        assert sum(i.prefill_tokens for i in prefills) > 0
+
+
 def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None:
     """--repeats N: the simulated figures of one round, the decide figures over every round's
     decisions; rounds that disagree are an error, not a mean."""
