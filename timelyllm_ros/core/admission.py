@@ -337,12 +337,6 @@ def _step_scales(size: int, ctx: AdmissionContext, decode_s: DecodeSteps
     return ctx.recent_step_s, 1.0, 1.0
 
 
-def _step_s(batch_size: int, ctx: AdmissionContext, decode_s: DecodeSteps) -> float:
-    """Per-token decode time at ``batch_size``, as :func:`wcet_s` estimates it."""
-    recent, scale = _step_scale(batch_size, ctx, decode_s)
-    return recent * scale
-
-
 @dataclass(slots=True)
 class DelayWeights:
     """Running sums over a batch that bound :func:`delay_cost` without reading the batch.
@@ -736,8 +730,8 @@ def delay_cost(extra_s: float, ctx: AdmissionContext, batch: BatchColumns | None
         return 0.0
     decode_s = decode_s or ctx.engine.decode_step_s
     batch = batch if batch is not None else _batch(ctx)
-    return batch.delay_cost(extra_s, _step_s(size, ctx, decode_s),
-                            _step_s(size + 1, ctx, decode_s))
+    recent, scale_now, scale_next = _step_scales(size, ctx, decode_s)
+    return batch.delay_cost(extra_s, recent * scale_now, recent * scale_next)
 
 
 def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
@@ -748,9 +742,9 @@ def delay_cost_within(gain: float, extra_s: float, ctx: AdmissionContext,
     size = len(ctx.running)
     if not size:
         return 0.0 <= gain
-    decode_s = decode_s or ctx.engine.decode_step_s
+    recent, scale_now, scale_next = _step_scales(size, ctx, decode_s or ctx.engine.decode_step_s)
     return _delay_cost_at_most(gain, extra_s, batch if batch is not None else _batch(ctx),
-                               _step_s(size, ctx, decode_s), _step_s(size + 1, ctx, decode_s))
+                               recent * scale_now, recent * scale_next)
 
 
 def _delay_cost_at_most(gain: float, extra_s: float, batch: BatchColumns, step_now: float,
