@@ -21,13 +21,13 @@ its last generation ends later than an engine that generates whole plans at once
 robots need not finish later), the p50 / p99 / max response time, the mean batch size, the
 mean utility of urgent goals (signed, and with late goals floored at 0) and of all goals, the
 completion rate, and how many urgent goals earned any utility; how many of the engine's
-iterations prefilled and their share of its busy time (every prefill iteration pays the
-engine's fixed cost of an iteration, and on an engine that prefills whole it stalls every
-running generation: a policy that starts goals in many small rounds spends more of the
-engine's time there than one that starts them in a few large ones); then each policy's goals/s,
-finished/s and decide mean over the ``vllm`` policy's. By default it runs ``vllm``, the
-paper's ``timelyllm`` and the fleet's default policy. :func:`run_overload` returns the same as a
-dict (the fault campaign calls it).
+iterations prefilled and how many decoded, and the prefills' share of its busy time (every
+prefill iteration pays the engine's fixed cost of an iteration, and on an engine that
+prefills whole it stalls every running generation: a policy that starts goals in many small
+rounds spends more of the engine's time there than one that starts them in a few large ones);
+then each policy's goals/s, finished/s and decide mean over the ``vllm`` policy's. By default
+it runs ``vllm``, the paper's ``timelyllm`` and the fleet's default policy.
+:func:`run_overload` returns the same as a dict (the fault campaign calls it).
 
 A single run's decision times move by up to 30 % from one run to the next on a shared machine;
 ``--repeats N`` runs the policies N times in turn (each round every policy once, so a slower
@@ -122,7 +122,7 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
         **{key: engine[key] for key in ('engine_busy_s', 'prefill_iterations',
-                                        'prefill_busy_s')},
+                                        'decode_iterations', 'prefill_busy_s')},
         **decision_figures(result.decision_cpu_s),
         'sim_time_s': result.sim_time_s,
         'wall_time_s': result.wall_time_s,
@@ -243,9 +243,10 @@ def _table(report: dict[str, Any]) -> str:
                          for c in columns)
         lines.append(f'{policy:>16} {cells}')
     for policy, figures in report['policies'].items():
-        lines.append(f"{policy}: {figures['prefill_iterations']} of "
-                     f"{figures['engine_iterations']} engine iterations prefilled, "
-                     f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s")
+        lines.append(f"{policy}: {figures['prefill_iterations']} prefill and "
+                     f"{figures['decode_iterations']} decode iterations, "
+                     f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s "
+                     'prefilling')
     for policy, ratios in report['ratios_to_vllm'].items():
         cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'
                           for name, value in ratios.items())

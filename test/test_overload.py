@@ -70,6 +70,8 @@ def test_prefill_iterations_are_counted_from_the_engine_iterations(
         assert figures['prefill_iterations'] == len(prefills) > 0
         assert figures['prefill_iterations'] < figures['engine_iterations'] == len(
             result.iterations)
+        assert (figures['prefill_iterations'] + figures['decode_iterations']
+                == len(result.iterations))
         assert figures['prefill_busy_s'] == pytest.approx(sum(i.duration_s for i in prefills))
         assert 0 < figures['prefill_busy_s'] < figures['engine_busy_s'] == pytest.approx(
             sum(i.duration_s for i in result.iterations))

@@ -208,10 +208,11 @@ def compare(recording: Recording, calibration: Calibration | None = None,
 def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dict[str, Any]:
     """What a run's engine iterations add up to: their count and time, the count and time of
     those that prefilled (each pays the engine's fixed cost of an iteration however few tokens
-    it prefills, and stalls every running generation on an engine that prefills whole), and
-    the median ms of the iterations that prefilled, of the decodes right after the batch
-    changed (a join, an end, a prefill before), and of the decodes of an unchanged batch:
-    where a latency model is off shows in which of them differ."""
+    it prefills, and stalls every running generation on an engine that prefills whole) and
+    the count of the decodes, and the median ms of the iterations that prefilled, of the
+    decodes right after the batch changed (a join, an end, a prefill before), and of the
+    decodes of an unchanged batch: where a latency model is off shows in which of them
+    differ."""
     prefill: list[float] = []
     changed: list[float] = []
     steady: list[float] = []
@@ -233,6 +234,7 @@ def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dic
     return {'sim_time_s': sim_time_s, 'engine_iterations': len(iterations),
             'engine_busy_s': sum(i.duration_s for i in iterations),
             'prefill_iterations': len(prefill),
+            'decode_iterations': len(changed) + len(steady),
             'prefill_busy_s': sum(i.duration_s for i in iterations if i.prefill_tokens),
             'prefill_iteration_ms_median': median(prefill),
             'decode_after_change_ms_median': median(changed),
