@@ -12,7 +12,9 @@ discrete-event simulation (:func:`timelyllm_ros.evaluation.simulation.simulate`)
 policy over the same goals, all on the simulated clock.
 
 Per policy it reports the CPU time of one scheduling decision (``decide_mean_ms``, p99, max:
-the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it),
+the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it) and
+per generation admitted (``decide_per_admission_us``, with the ``admissions``: a segmented
+policy admits each resume too),
 ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation: the engine's throughput), ``finished_per_s``
 (goals per simulated second from the first arrival until the last robot finished its plan:
@@ -76,13 +78,19 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def decision_figures(cpu_s: Sequence[float]) -> dict[str, float]:
-    """Mean, p99 and max CPU time of one scheduling decision (ms)."""
+def decision_figures(cpu_s: Sequence[float], admissions: Sequence[int]) -> dict[str, float]:
+    """Mean, p99 and max CPU time of one scheduling decision (ms), and the decisions' CPU time
+    per generation they admitted (µs; ``admissions``: each decision's count, in the same
+    order): a decision's cost grows with the generations it admits, each taking its own
+    admission test, and a segmented policy admits every resume too."""
     ms = np.asarray(cpu_s, dtype=float) * 1000.0
+    admitted = sum(admissions)
+    per_admission = float(ms.sum()) * 1000.0 / admitted if admitted else 0.0
     if not len(ms):
-        return {'decide_mean_ms': 0.0, 'decide_p99_ms': 0.0, 'decide_max_ms': 0.0}
+        return {'decide_mean_ms': 0.0, 'decide_p99_ms': 0.0, 'decide_max_ms': 0.0,
+                'decide_per_admission_us': per_admission}
     return {'decide_mean_ms': float(ms.mean()), 'decide_p99_ms': float(np.percentile(ms, 99)),
-            'decide_max_ms': float(ms.max())}
+            'decide_max_ms': float(ms.max()), 'decide_per_admission_us': per_admission}
 
 
 def policy_figures(result: SimulationResult) -> dict[str, Any]:
@@ -121,15 +129,17 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
+        'admissions': sum(result.decision_admissions),
         **{key: engine[key] for key in ('engine_busy_s', 'prefill_iterations',
                                         'decode_iterations', 'prefill_busy_s')},
-        **decision_figures(result.decision_cpu_s),
+        **decision_figures(result.decision_cpu_s, result.decision_admissions),
         'sim_time_s': result.sim_time_s,
         'wall_time_s': result.wall_time_s,
     }
 
 
-_TIMINGS = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'wall_time_s')
+_TIMINGS = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'decide_per_admission_us',
+            'wall_time_s')
 
 
 def pooled_figures(results: Sequence[SimulationResult]) -> dict[str, Any]:
@@ -146,8 +156,9 @@ def pooled_figures(results: Sequence[SimulationResult]) -> dict[str, Any]:
                if key not in _TIMINGS):
             raise RuntimeError('the simulated fleet gave different figures in two rounds on '
                                'the same goals')
-    figures.update(decision_figures([cpu for result in results
-                                     for cpu in result.decision_cpu_s]))
+    figures.update(decision_figures(
+        [cpu for result in results for cpu in result.decision_cpu_s],
+        [admitted for result in results for admitted in result.decision_admissions]))
     figures['wall_time_s'] = sum(result.wall_time_s for result in results) / len(results)
     return figures
 
@@ -246,7 +257,9 @@ def _table(report: dict[str, Any]) -> str:
         lines.append(f"{policy}: {figures['prefill_iterations']} prefill and "
                      f"{figures['decode_iterations']} decode iterations, "
                      f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s "
-                     'prefilling')
+                     f"prefilling; {figures['admissions']} admissions in "
+                     f"{figures['engine_iterations']} decisions, "
+                     f"{figures['decide_per_admission_us']:.1f} µs of deciding per admission")
     for policy, ratios in report['ratios_to_vllm'].items():
         cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'
                           for name, value in ratios.items())

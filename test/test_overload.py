@@ -13,6 +13,7 @@ from timelyllm_ros.core.clock import SimClock
 from timelyllm_ros.core.request import Generation, TaskStatus
 from timelyllm_ros.core.scheduler import Scheduler, SchedulerConfig
 from timelyllm_ros.engines.sim import SimulatedEngine
+from timelyllm_ros.policies import create_policy
 from timelyllm_ros.policies.timelyllm import TimelyLlmPolicy
 
 
@@ -78,6 +79,35 @@ def test_prefill_iterations_are_counted_from_the_engine_iterations(
         assert sum(i.prefill_tokens for i in prefills) > 0
 
 
+def test_each_decision_counts_the_generations_it_admitted(overload: ModuleType) -> None:
+    """The scheduler keeps, beside each decision's CPU time, how many generations it admitted
+    (what its ticks' decisions say): whole plans once each for ``vllm``; for a segmented
+    policy every resume too, so it admits more than one generation per goal."""
+    tasks = overload.overload_tasks(30, 0, burst_s=0.5)
+    for policy in ('vllm', 'timelyllm-share'):
+        clock = SimClock()
+        scheduler = Scheduler(create_policy(policy), SimulatedEngine(), clock)
+        for task in sorted(tasks, key=lambda t: t.arrival_time)[:8]:
+            scheduler.submit(task)
+        admitted = []
+        while scheduler.has_work and len(admitted) < 40:
+            out = scheduler.tick()
+            assert out.decision is not None
+            admitted.append(len(out.decision.admitted))
+        assert list(scheduler.decision_admissions) == admitted
+        assert len(scheduler.decision_admissions) == len(scheduler.decision_cpu_s)
+        result = overload.simulate(tasks, policy, seed=0)
+        figures = overload.policy_figures(result)
+        assert len(result.decision_admissions) == len(result.decision_cpu_s) == result.ticks
+        assert figures['admissions'] == sum(result.decision_admissions)
+        if policy == 'vllm':
+            assert figures['admissions'] == len(tasks)
+        else:
+            assert figures['admissions'] > len(tasks)
+        assert figures['decide_per_admission_us'] == pytest.approx(
+            1e6 * sum(result.decision_cpu_s) / figures['admissions'])
+
+
 def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None:
     """--repeats N: the simulated figures of one round, the decide figures over every round's
     decisions; rounds that disagree are an error, not a mean."""
@@ -85,7 +115,8 @@ def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None
     thrice = overload.run_overload(20, 1, policies=('vllm', 'timelyllm'), burst_s=0.5,
                                    repeats=3)
     assert once['repeats'] == 1 and thrice['repeats'] == 3
-    timings = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'wall_time_s')
+    timings = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'decide_per_admission_us',
+               'wall_time_s')
     for policy in ('vllm', 'timelyllm'):
         one, three = once['policies'][policy], thrice['policies'][policy]
         assert {k: v for k, v in one.items() if k not in timings} == {
@@ -97,6 +128,10 @@ def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None
     assert pooled['decide_mean_ms'] == pytest.approx(
         1000 * sum(c for run in runs for c in run.decision_cpu_s)
         / sum(len(run.decision_cpu_s) for run in runs))
+    assert pooled['admissions'] == sum(runs[0].decision_admissions)      # one round's
+    assert pooled['decide_per_admission_us'] == pytest.approx(
+        1e6 * sum(c for run in runs for c in run.decision_cpu_s)
+        / sum(a for run in runs for a in run.decision_admissions))
     other = overload.simulate(overload.overload_tasks(20, 2, burst_s=0.5), 'timelyllm', seed=2)
     with pytest.raises(RuntimeError, match='different figures'):
         overload.pooled_figures([runs[0], other])

@@ -226,6 +226,7 @@ class Scheduler:
         # CPU time of each decision (this thread's), for its distribution: a busy machine
         # stretches wall time, not this
         self.decision_cpu_s: array[float] = array('d')
+        self.decision_admissions: array[int] = array('l')   # generations each one admitted
 
     # -- requests ---------------------------------------------------------------------------
     def prepare(self, spec: TaskSpec) -> None:
@@ -588,6 +589,7 @@ class Scheduler:
         decision = out.decision = self.schedule(ctx)
         self.decision_cpu_s.append(time.thread_time() - started_cpu)
         self.decision_s += time.perf_counter() - started
+        self.decision_admissions.append(len(decision.admitted))
         if not self._running:
             return
         try:

@@ -52,6 +52,7 @@ class SimulationResult:
     batch_sizes: list[int]             # batch size of every decode/prefill iteration
     decision_s: float = 0.0            # wall time the scheduler spent deciding
     decision_cpu_s: Sequence[float] = ()   # CPU time of each decision, tick order
+    decision_admissions: Sequence[int] = ()   # generations each decision admitted, tick order
     iterations: Sequence[Iteration] = ()   # every engine iteration, in order
 
 
@@ -149,6 +150,7 @@ def simulate(
         policy=policy, generations=generations, rejected=rejected, sim_time_s=clock.now(),
         wall_time_s=time.perf_counter() - started, engine_busy_s=busy, ticks=scheduler.ticks,
         decision_s=scheduler.decision_s, decision_cpu_s=scheduler.decision_cpu_s,
+        decision_admissions=scheduler.decision_admissions,
         batch_sizes=batch_sizes, iterations=iterations)
 
 
