@@ -80,13 +80,15 @@ def test_prefill_iterations_are_counted_from_the_engine_iterations(
 
 
 def test_each_decision_counts_the_generations_it_admitted(overload: ModuleType) -> None:
-    """The scheduler keeps, beside each decision's CPU time, how many generations it admitted
-    (what its ticks' decisions say): whole plans once each for ``vllm``; for a segmented
-    policy every resume too, so it admits more than one generation per goal."""
+    """With ``record_decisions`` (as ``simulate()`` runs it) the scheduler keeps, beside each
+    decision's CPU time, how many generations it admitted (what its ticks' decisions say):
+    whole plans once each for ``vllm``; for a segmented policy every resume too, so it admits
+    more than one generation per goal. Without (a live planner) it keeps neither."""
     tasks = overload.overload_tasks(30, 0, burst_s=0.5)
     for policy in ('vllm', 'timelyllm-share'):
         clock = SimClock()
-        scheduler = Scheduler(create_policy(policy), SimulatedEngine(), clock)
+        scheduler = Scheduler(create_policy(policy), SimulatedEngine(), clock,
+                              SchedulerConfig(record_decisions=True))
         for task in sorted(tasks, key=lambda t: t.arrival_time)[:8]:
             scheduler.submit(task)
         admitted = []
@@ -96,6 +98,14 @@ def test_each_decision_counts_the_generations_it_admitted(overload: ModuleType) 
             admitted.append(len(out.decision.admitted))
         assert list(scheduler.decision_admissions) == admitted
         assert len(scheduler.decision_admissions) == len(scheduler.decision_cpu_s)
+        # a live planner's scheduler (the default) keeps nothing per decision
+        quiet = Scheduler(create_policy(policy), SimulatedEngine(), SimClock())
+        for task in tasks[:3]:
+            quiet.submit(task)
+        for _ in range(5):
+            quiet.tick()
+        assert quiet.ticks == 5 and not quiet.decision_cpu_s and not quiet.decision_admissions
+        assert quiet.decision_s > 0.0
         result = overload.simulate(tasks, policy, seed=0)
         figures = overload.policy_figures(result)
         assert len(result.decision_admissions) == len(result.decision_cpu_s) == result.ticks

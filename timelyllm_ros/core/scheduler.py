@@ -100,6 +100,9 @@ class SchedulerConfig:
     suspend_on_next_statement: bool = True   # a cut generation leaves the batch once its next
                                      # statement begins (the separators after a cut and the
                                      # plan's end are decoded first), not at the cut itself
+    record_decisions: bool = False   # keep each decision's CPU time and admission count
+                                     # (benchmarks read them); off, a planner that serves for
+                                     # days keeps nothing per decision
 
     def __post_init__(self) -> None:
         for name in ('comm_s', 'report_timeout_margin_s', 'report_clock_tolerance_s'):
@@ -223,10 +226,10 @@ class Scheduler:
         self._longest_segment: dict[tuple[str, bool], int] = {}
         self.ticks = 0
         self.decision_s = 0.0        # wall time spent deciding (policy hooks and admission)
-        # CPU time of each decision (this thread's), for its distribution: a busy machine
-        # stretches wall time, not this
+        # with config.record_decisions, the CPU time of each decision (this thread's), for its
+        # distribution (a busy machine stretches wall time, not this), and what it admitted
         self.decision_cpu_s: array[float] = array('d')
-        self.decision_admissions: array[int] = array('l')   # generations each one admitted
+        self.decision_admissions: array[int] = array('l')
 
     # -- requests ---------------------------------------------------------------------------
     def prepare(self, spec: TaskSpec) -> None:
@@ -587,9 +590,11 @@ class Scheduler:
         started, started_cpu = time.perf_counter(), time.thread_time()
         ctx = self._context(self.clock.now())
         decision = out.decision = self.schedule(ctx)
-        self.decision_cpu_s.append(time.thread_time() - started_cpu)
+        cpu_s = time.thread_time() - started_cpu
         self.decision_s += time.perf_counter() - started
-        self.decision_admissions.append(len(decision.admitted))
+        if self.config.record_decisions:
+            self.decision_cpu_s.append(cpu_s)
+            self.decision_admissions.append(len(decision.admitted))
         if not self._running:
             return
         try:

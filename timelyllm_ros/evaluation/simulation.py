@@ -13,7 +13,7 @@ import heapq
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -73,13 +73,14 @@ def simulate(
         tasks: the workload (any order; arrival times on the simulation clock).
         policy: policy name (or ``'pkg.mod:Class'``).
         seed: seeds the robots' sampled execution times.
-        config: scheduler parameters (network latency, batch cap).
+        config: scheduler parameters (network latency, batch cap); the run records every
+            decision (``record_decisions``) whatever it says.
         engine: engine to use; a fresh calibrated simulator by default.
         robot_jitter: relative standard deviation applied to simulated execution times.
         robot_fail_probability: chance that a segment fails on the robot.
         progress: called with the simulated time after each engine iteration.
     """
-    config = config or SchedulerConfig()
+    config = replace(config or SchedulerConfig(), record_decisions=True)
     clock = SimClock()
     scheduler = Scheduler(create_policy(policy), engine or create_engine('sim'), clock, config)
     rng = np.random.default_rng(seed)
