@@ -129,6 +129,7 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'urgent_saved': sum(r.completed and r.utility > 0 for r in urgent),
         'utility_mean': _mean([r.utility for r in rows]),
         'engine_iterations': result.ticks,
+        'decisions': len(result.decision_admissions),
         'admissions': sum(result.decision_admissions),
         **{key: engine[key] for key in ('engine_busy_s', 'prefill_iterations',
                                         'decode_iterations', 'prefill_busy_s')},
@@ -258,7 +259,7 @@ def _table(report: dict[str, Any]) -> str:
                      f"{figures['decode_iterations']} decode iterations, "
                      f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s "
                      f"prefilling; {figures['admissions']} admissions in "
-                     f"{figures['engine_iterations']} decisions, "
+                     f"{figures['decisions']} decisions, "
                      f"{figures['decide_per_admission_us']:.1f} µs of deciding per admission")
     for policy, ratios in report['ratios_to_vllm'].items():
         cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'

@@ -110,6 +110,7 @@ def test_each_decision_counts_the_generations_it_admitted(overload: ModuleType) 
         figures = overload.policy_figures(result)
         assert len(result.decision_admissions) == len(result.decision_cpu_s) == result.ticks
         assert figures['admissions'] == sum(result.decision_admissions)
+        assert figures['decisions'] == result.ticks
         if policy == 'vllm':
             assert figures['admissions'] == len(tasks)
         else:

@@ -216,11 +216,13 @@ def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dic
     prefill: list[float] = []
     changed: list[float] = []
     steady: list[float] = []
+    prefill_s = 0.0
     previous: Iteration | None = None
     for iteration in iterations:
         ms = 1000.0 * iteration.duration_s
         if iteration.prefill_tokens:
             prefill.append(ms)
+            prefill_s += iteration.duration_s
         elif previous is None or previous.prefill_tokens or (
                 previous.batch_size != iteration.batch_size):
             changed.append(ms)
@@ -235,7 +237,7 @@ def iteration_figures(sim_time_s: float, iterations: Sequence[Iteration]) -> dic
             'engine_busy_s': sum(i.duration_s for i in iterations),
             'prefill_iterations': len(prefill),
             'decode_iterations': len(changed) + len(steady),
-            'prefill_busy_s': sum(i.duration_s for i in iterations if i.prefill_tokens),
+            'prefill_busy_s': prefill_s,
             'prefill_iteration_ms_median': median(prefill),
             'decode_after_change_ms_median': median(changed),
             'decode_iteration_ms_median': median(steady),
