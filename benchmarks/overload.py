@@ -14,7 +14,8 @@ policy over the same goals, all on the simulated clock.
 Per policy it reports the CPU time of one scheduling decision (``decide_mean_ms``, p99, max:
 the scheduler's own ``decide`` with its admission tests and hooks, as the fleet runs it) and
 per generation admitted (``decide_per_admission_us``, with the ``admissions``: a segmented
-policy admits each resume too),
+policy admits each resume too) and per second of the engine's busy time
+(``decide_ms_per_engine_s``: a decision precedes each iteration of the simulated GPU),
 ``goals_per_s`` (completed goals per simulated second, from the first
 arrival to the end of the last plan's generation: the engine's throughput), ``finished_per_s``
 (goals per simulated second from the first arrival until the last robot finished its plan:
@@ -78,19 +79,25 @@ def _mean(values: Sequence[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
-def decision_figures(cpu_s: Sequence[float], admissions: Sequence[int]) -> dict[str, float]:
-    """Mean, p99 and max CPU time of one scheduling decision (ms), and the decisions' CPU time
+def decision_figures(cpu_s: Sequence[float], admissions: Sequence[int],
+                     engine_busy_s: float) -> dict[str, float]:
+    """Mean, p99 and max CPU time of one scheduling decision (ms), the decisions' CPU time
     per generation they admitted (µs; ``admissions``: each decision's count, in the same
     order): a decision's cost grows with the generations it admits, each taking its own
-    admission test, and a segmented policy admits every resume too."""
+    admission test, and a segmented policy admits every resume too; and their CPU time per
+    second the engine iterated over the same runs (ms; ``engine_busy_s``): each decision
+    precedes one iteration, so this is how much a loop that decides and then waits for the
+    engine adds to the engine's time, here against the calibrated simulator's GPU."""
     ms = np.asarray(cpu_s, dtype=float) * 1000.0
     admitted = sum(admissions)
     per_admission = float(ms.sum()) * 1000.0 / admitted if admitted else 0.0
+    per_engine_s = float(ms.sum()) / engine_busy_s if engine_busy_s > 0 else 0.0
     if not len(ms):
         return {'decide_mean_ms': 0.0, 'decide_p99_ms': 0.0, 'decide_max_ms': 0.0,
-                'decide_per_admission_us': per_admission}
+                'decide_per_admission_us': per_admission, 'decide_ms_per_engine_s': 0.0}
     return {'decide_mean_ms': float(ms.mean()), 'decide_p99_ms': float(np.percentile(ms, 99)),
-            'decide_max_ms': float(ms.max()), 'decide_per_admission_us': per_admission}
+            'decide_max_ms': float(ms.max()), 'decide_per_admission_us': per_admission,
+            'decide_ms_per_engine_s': per_engine_s}
 
 
 def policy_figures(result: SimulationResult) -> dict[str, Any]:
@@ -133,14 +140,15 @@ def policy_figures(result: SimulationResult) -> dict[str, Any]:
         'admissions': sum(result.decision_admissions),
         **{key: engine[key] for key in ('engine_busy_s', 'prefill_iterations',
                                         'decode_iterations', 'prefill_busy_s')},
-        **decision_figures(result.decision_cpu_s, result.decision_admissions),
+        **decision_figures(result.decision_cpu_s, result.decision_admissions,
+                           result.engine_busy_s),
         'sim_time_s': result.sim_time_s,
         'wall_time_s': result.wall_time_s,
     }
 
 
 _TIMINGS = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'decide_per_admission_us',
-            'wall_time_s')
+            'decide_ms_per_engine_s', 'wall_time_s')
 
 
 def pooled_figures(results: Sequence[SimulationResult]) -> dict[str, Any]:
@@ -159,7 +167,8 @@ def pooled_figures(results: Sequence[SimulationResult]) -> dict[str, Any]:
                                'the same goals')
     figures.update(decision_figures(
         [cpu for result in results for cpu in result.decision_cpu_s],
-        [admitted for result in results for admitted in result.decision_admissions]))
+        [admitted for result in results for admitted in result.decision_admissions],
+        sum(result.engine_busy_s for result in results)))
     figures['wall_time_s'] = sum(result.wall_time_s for result in results) / len(results)
     return figures
 
@@ -260,7 +269,8 @@ def _table(report: dict[str, Any]) -> str:
                      f"{figures['prefill_busy_s']:.2f} of {figures['engine_busy_s']:.2f} busy s "
                      f"prefilling; {figures['admissions']} admissions in "
                      f"{figures['decisions']} decisions, "
-                     f"{figures['decide_per_admission_us']:.1f} µs of deciding per admission")
+                     f"{figures['decide_per_admission_us']:.1f} µs of deciding per admission, "
+                     f"{figures['decide_ms_per_engine_s']:.1f} ms per engine-busy s")
     for policy, ratios in report['ratios_to_vllm'].items():
         cells = ', '.join(f'{name} {value:.3f}' if value is not None else f'{name} -'
                           for name, value in ratios.items())

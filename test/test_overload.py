@@ -117,6 +117,8 @@ def test_each_decision_counts_the_generations_it_admitted(overload: ModuleType) 
             assert figures['admissions'] > len(tasks)
         assert figures['decide_per_admission_us'] == pytest.approx(
             1e6 * sum(result.decision_cpu_s) / figures['admissions'])
+        assert figures['decide_ms_per_engine_s'] == pytest.approx(
+            1e3 * sum(result.decision_cpu_s) / result.engine_busy_s)
 
 
 def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None:
@@ -127,7 +129,7 @@ def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None
                                    repeats=3)
     assert once['repeats'] == 1 and thrice['repeats'] == 3
     timings = ('decide_mean_ms', 'decide_p99_ms', 'decide_max_ms', 'decide_per_admission_us',
-               'wall_time_s')
+               'decide_ms_per_engine_s', 'wall_time_s')
     for policy in ('vllm', 'timelyllm'):
         one, three = once['policies'][policy], thrice['policies'][policy]
         assert {k: v for k, v in one.items() if k not in timings} == {
@@ -143,6 +145,9 @@ def test_repeats_pool_the_decisions_of_every_round(overload: ModuleType) -> None
     assert pooled['decide_per_admission_us'] == pytest.approx(
         1e6 * sum(c for run in runs for c in run.decision_cpu_s)
         / sum(a for run in runs for a in run.decision_admissions))
+    assert pooled['decide_ms_per_engine_s'] == pytest.approx(
+        1e3 * sum(c for run in runs for c in run.decision_cpu_s)
+        / sum(run.engine_busy_s for run in runs))
     other = overload.simulate(overload.overload_tasks(20, 2, burst_s=0.5), 'timelyllm', seed=2)
     with pytest.raises(RuntimeError, match='different figures'):
         overload.pooled_figures([runs[0], other])
